@@ -1,0 +1,363 @@
+"""Task cards: the typed schema of `tasks/<category>/<name>/task.toml`, loading, validation and hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from enum import Enum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .config import StrictModel, load_model, read_toml
+from .errors import CardError, NotFoundError
+from .paths import tasks_dir
+
+CARD_FILE = "task.toml"
+PROMPT_FILE = "prompt.md"
+
+
+class Category(str, Enum):
+    p2p = "p2p"
+    collective = "collective"
+    ep = "ep"
+    fusion = "fusion"
+    utility = "utility"
+
+
+class Difficulty(str, Enum):
+    easy = "easy"
+    medium = "medium"
+    hard = "hard"
+
+
+class Language(str, Enum):
+    torch = "torch"
+    cuda = "cuda"
+    triton = "triton"
+
+
+class DeviceMode(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+    cuda_shared = "cuda-shared"
+
+
+DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
+
+
+class EntrySpec(StrictModel):
+    """The file the candidate writes and the functions it must define in it."""
+
+    file: str = "solution.py"
+    functions: list[str] = Field(min_length=1)
+    starter: str = "starter.py"
+    reference: str = "reference.py"
+
+
+class WorldSpec(StrictModel):
+    sizes: list[int] = Field(default_factory=lambda: [2, 4])
+    default: int | None = None
+    device_modes: list[DeviceMode] = Field(default_factory=lambda: [DeviceMode.cpu])
+    min_gpus: int = 0
+    needs: list[Literal["nccl", "ipc", "nvshmem", "nvlink", "rdma"]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> "WorldSpec":
+        if not self.sizes or any(s < 1 for s in self.sizes):
+            raise ValueError("sizes must be a non-empty list of positive integers")
+        if self.default is not None and self.default not in self.sizes:
+            raise ValueError(f"default {self.default} is not one of sizes {self.sizes}")
+        return self
+
+    @property
+    def default_size(self) -> int:
+        return self.default if self.default is not None else self.sizes[0]
+
+
+class RulesSpec(StrictModel):
+    """What the candidate may not use. Names are dotted (torch.distributed.all_reduce) or a preset (@collectives)."""
+
+    forbidden_apis: list[str] = Field(default_factory=list)
+    extra_imports: list[str] = Field(default_factory=list, description="modules allowed beyond the default set")
+    inputs_read_only: bool = True
+
+
+class SemanticsSpec(StrictModel):
+    op: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class CaseSpec(StrictModel):
+    """One correctness case. `shape` and `params` are interpreted by the task's golden op."""
+
+    name: str
+    visible: bool = True
+    shape: list[int] = Field(default_factory=list)
+    dtype: str = "float32"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        if v not in DTYPES:
+            raise ValueError(f"unknown dtype {v!r}; expected one of {', '.join(DTYPES)}")
+        return v
+
+    def signature(self) -> tuple:
+        return (tuple(self.shape), self.dtype, tuple(sorted((k, repr(v)) for k, v in self.params.items())))
+
+
+class Tolerance(StrictModel):
+    rtol: float = 0.0
+    atol: float = 0.0
+
+
+DEFAULT_TOLERANCE: dict[str, Tolerance] = {
+    "float64": Tolerance(rtol=1e-9, atol=1e-9),
+    "float32": Tolerance(rtol=1e-4, atol=1e-5),
+    "float16": Tolerance(rtol=1e-2, atol=1e-2),
+    "bfloat16": Tolerance(rtol=2e-2, atol=2e-2),
+}
+
+
+class PerformanceSpec(StrictModel):
+    """How `benchmark` measures: sizes are the nccl-tests 'size' in bytes of the op."""
+
+    metric: Literal["busbw", "algbw", "latency", "tflops"] = "busbw"
+    sizes: list[int] = Field(min_length=1)
+    dtype: str = "float32"
+    warmup: int = Field(default=2, ge=0)
+    iters: int = Field(default=5, ge=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class LimitsSpec(StrictModel):
+    timeout_s: float = Field(default=60.0, gt=0, description="wall-clock limit of one whole evaluation")
+    memory_mb: int | None = Field(default=None, description="address-space limit per rank; profile default if unset")
+
+
+class TaskCard(StrictModel):
+    id: str
+    title: str
+    category: Category
+    difficulty: Difficulty
+    tags: list[str] = Field(default_factory=list)
+    source: str = ""
+    language: Language = Language.torch
+    entry: EntrySpec
+    world: WorldSpec = Field(default_factory=WorldSpec)
+    rules: RulesSpec = Field(default_factory=RulesSpec)
+    semantics: SemanticsSpec
+    cases: list[CaseSpec] = Field(min_length=1)
+    tolerance: dict[str, Tolerance] = Field(default_factory=dict)
+    performance: PerformanceSpec
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+
+    @model_validator(mode="after")
+    def _check_cases(self) -> "TaskCard":
+        names = [c.name for c in self.cases]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"case names must be unique; repeated: {sorted(dup)}")
+        visible = [c for c in self.cases if c.visible]
+        hidden = [c for c in self.cases if not c.visible]
+        if not visible:
+            raise ValueError("at least one case must be visible (the prompt shows it)")
+        if not hidden:
+            raise ValueError("at least one case must be hidden (visible = false)")
+        seen = {c.signature() for c in visible}
+        for c in hidden:
+            if c.signature() in seen:
+                raise ValueError(f"hidden case {c.name!r} has the same shape, dtype and params as a visible one")
+            if tuple(c.shape) in {tuple(v.shape) for v in visible}:
+                raise ValueError(f"hidden case {c.name!r} must differ in shape from every visible case")
+        return self
+
+    def tolerance_for(self, dtype: str) -> Tolerance:
+        if dtype in self.tolerance:
+            return self.tolerance[dtype]
+        return DEFAULT_TOLERANCE.get(dtype, Tolerance())
+
+    def visible_cases(self) -> list[CaseSpec]:
+        return [c for c in self.cases if c.visible]
+
+
+class Task:
+    """A loaded task: its card, the files around it and the content hash of all of them."""
+
+    def __init__(self, card: TaskCard, root: Path):
+        self.card = card
+        self.root = root
+        self.prompt = (root / PROMPT_FILE).read_text()
+        self.starter = (root / card.entry.starter).read_text()
+        self._reference_path = root / card.entry.reference
+        self.hash = _hash_dir(root)
+
+    @property
+    def id(self) -> str:
+        return self.card.id
+
+    def reference_source(self) -> str:
+        """The expert solution. Host-side only: never written into a candidate's sandbox."""
+        return self._reference_path.read_text()
+
+    def judge_spec(self) -> dict[str, Any]:
+        """Everything the judge needs, hidden cases included; sent to it over stdin, never as a file."""
+        return {"card": self.card.model_dump(mode="json"), "task_hash": self.hash}
+
+    def agent_view(self) -> str:
+        """Exactly the text the agent sees at reset: statement, signature, rules, visible cases, starter."""
+        c = self.card
+        lines = [f"# {c.title}", f"task: {c.id}  ({c.category.value}, {c.difficulty.value}, language: {c.language.value})", ""]
+        lines.append(self.prompt.strip())
+        lines += ["", "## Rules"]
+        lines.append(f"- Write the file `{c.entry.file}` defining: {', '.join(c.entry.functions)}.")
+        if c.rules.forbidden_apis:
+            lines.append(f"- Forbidden: {', '.join(c.rules.forbidden_apis)} (checked statically and at run time).")
+        lines.append("- Imports allowed: torch, torch.distributed, math, typing, dataclasses, functools, itertools, collections"
+                     + (", " + ", ".join(c.rules.extra_imports) if c.rules.extra_imports else "") + ".")
+        lines.append("- No file, process, socket or introspection APIs; data between ranks must travel through torch.distributed.")
+        if c.rules.inputs_read_only:
+            lines.append("- Inputs are read-only: do not modify them.")
+        lines.append(f"- World sizes: {', '.join(str(s) for s in c.world.sizes)}; device modes: {', '.join(m.value for m in c.world.device_modes)}.")
+        lines += ["", "## Visible cases (hidden cases of other shapes and sizes are checked too)"]
+        for case in c.visible_cases():
+            extra = f" params={case.params}" if case.params else ""
+            lines.append(f"- {case.name}: shape={case.shape} dtype={case.dtype}{extra}")
+        p = c.performance
+        lines += ["", "## Performance",
+                  f"- metric: {p.metric}; sizes (bytes): {', '.join(_fmt_bytes(s) for s in p.sizes)}; dtype {p.dtype}."]
+        lines += ["", f"## Starter: {c.entry.file}", "```python", self.starter.rstrip(), "```"]
+        return "\n".join(lines) + "\n"
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f and n % f == 0:
+            return f"{n // f} {unit}"
+    return f"{n} B"
+
+
+def _hash_dir(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def load_task_dir(root: Path) -> Task:
+    path = root / CARD_FILE
+    data = read_toml(path)
+    card = load_model(TaskCard, data, path)
+    expected_id = "/".join(root.parts[-2:])
+    if card.id != expected_id:
+        raise CardError(f"{path}: field 'id': is {card.id!r} but the folder says {expected_id!r}")
+    if card.category.value != root.parts[-2]:
+        raise CardError(f"{path}: field 'category': is {card.category.value!r} but the task lives under {root.parts[-2]!r}/")
+    for field, name in (("entry.starter", card.entry.starter), ("entry.reference", card.entry.reference)):
+        if not (root / name).is_file():
+            raise CardError(f"{path}: field '{field}': file {name!r} not found next to the card")
+    if not (root / PROMPT_FILE).is_file():
+        raise CardError(f"{path}: {PROMPT_FILE} is missing next to the card")
+    from .golden import get_op  # late import: golden imports torch
+
+    try:
+        op = get_op(card.semantics.op)
+    except KeyError as exc:
+        raise CardError(f"{path}: field 'semantics.op': {exc.args[0]}") from None
+    try:
+        op.validate_card(card)
+    except ValueError as exc:
+        raise CardError(f"{path}: {exc}") from None
+    return Task(card, root)
+
+
+@lru_cache(maxsize=None)
+def _all_task_dirs(base: str) -> tuple[Path, ...]:
+    return tuple(sorted(p.parent for p in Path(base).glob(f"*/*/{CARD_FILE}")))
+
+
+def load_task(task_id: str, base: Path | None = None) -> Task:
+    base = base or tasks_dir()
+    root = base / task_id
+    if not (root / CARD_FILE).is_file():
+        known = ", ".join(list_task_ids(base)[:8])
+        raise NotFoundError(f"no task {task_id!r} under {base}; known tasks include: {known} (see `commbench tasks`)")
+    return load_task_dir(root)
+
+
+def list_task_ids(base: Path | None = None) -> list[str]:
+    base = base or tasks_dir()
+    return ["/".join(p.parts[-2:]) for p in _all_task_dirs(str(base))]
+
+
+def load_all_tasks(base: Path | None = None) -> list[Task]:
+    return [load_task(t, base) for t in list_task_ids(base)]
+
+
+def select_tasks(selector: str | None = None, *, category: str | None = None, difficulty: str | None = None,
+                 language: str | None = None, device_mode: str | None = None, base: Path | None = None) -> list[Task]:
+    """Tasks matching a selector ('all', 'smoke', an id, a category, or a comma list / glob of ids) and filters."""
+    import fnmatch
+
+    ids = list_task_ids(base)
+    chosen: list[str]
+    if not selector or selector == "all":
+        chosen = ids
+    else:
+        chosen = []
+        for part in selector.split(","):
+            part = part.strip()
+            if part == "smoke":
+                chosen += [i for i in SMOKE_SET if i in ids]
+            elif part in {c.value for c in Category}:
+                chosen += [i for i in ids if i.startswith(part + "/")]
+            elif any(ch in part for ch in "*?["):
+                chosen += fnmatch.filter(ids, part)
+            elif part in ids:
+                chosen.append(part)
+            else:
+                raise NotFoundError(f"task selector {part!r} matches nothing; try `commbench tasks`")
+    tasks = [load_task(i, base) for i in dict.fromkeys(chosen)]
+    out = []
+    for t in tasks:
+        c = t.card
+        if category and c.category.value != category:
+            continue
+        if difficulty and c.difficulty.value != difficulty:
+            continue
+        if language and c.language.value != language:
+            continue
+        if device_mode and device_mode not in {m.value for m in c.world.device_modes}:
+            continue
+        out.append(t)
+    return out
+
+
+# One task per category: the default set `commbench run` plays.
+SMOKE_SET = (
+    "p2p/ring_shift",
+    "collective/allreduce_ring",
+    "ep/moe_dispatch_combine",
+    "fusion/allgather_matmul",
+    "utility/barrier_p2p",
+)
+
+
+def busbw_factor(nccl_op: str | None, world: int) -> float:
+    """nccl-tests bus-bandwidth factor for an op (PERFORMANCE.md of nccl-tests)."""
+    n = world
+    if nccl_op == "all_reduce":
+        return 2 * (n - 1) / n
+    if nccl_op in ("all_gather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0

@@ -1,0 +1,23 @@
+"""Error types. Agent mistakes are data (observations); these are for users and infrastructure."""
+
+from __future__ import annotations
+
+
+class CommBenchError(Exception):
+    """Base class: a message that tells the user what was wrong and what to do."""
+
+
+class CardError(CommBenchError):
+    """A task, agent or sandbox card is missing or invalid; the message names the file and field."""
+
+
+class NotFoundError(CommBenchError):
+    """A task, agent card, sandbox profile or trace that was asked for does not exist."""
+
+
+class SandboxError(CommBenchError):
+    """The sandbox itself failed (could not start, died, lost files). Never the agent's fault."""
+
+
+class JudgeInfraError(SandboxError):
+    """The judge could not produce a result for reasons outside the candidate's control."""

@@ -1,0 +1,42 @@
+"""Registry of golden semantics that task cards name in `semantics.op`."""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import CandidateError, GoldenOp
+
+_MODULES = ("p2p", "collectives", "moe", "fusion", "utility")
+_REGISTRY: dict[str, GoldenOp] = {}
+
+
+def register(cls: type[GoldenOp]) -> type[GoldenOp]:
+    """Class decorator: make an op available to cards by its `name`."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _REGISTRY:
+        raise ValueError(f"golden op {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def _load() -> None:
+    if not _REGISTRY:
+        for m in _MODULES:
+            importlib.import_module(f"{__name__}.{m}")
+
+
+def get_op(name: str) -> GoldenOp:
+    _load()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown golden op {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def op_names() -> list[str]:
+    _load()
+    return sorted(_REGISTRY)
+
+
+__all__ = ["CandidateError", "GoldenOp", "get_op", "op_names", "register"]

@@ -1,0 +1,140 @@
+"""Golden semantics: how a task's inputs are made, how the candidate is called, and what is correct.
+
+One `GoldenOp` serves every task that names it. The same op object runs in two places:
+- in each rank (`make_inputs` for that rank only, then `call` to invoke the candidate),
+- in the coordinator (`make_inputs` for every rank, then `expected` / `verify`).
+Inputs come only from a per-rank seed, so the coordinator can rebuild what every rank saw without trusting it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+
+import torch
+
+if TYPE_CHECKING:
+    from ..cards import CaseSpec, PerformanceSpec, TaskCard
+
+Tensors = dict[str, torch.Tensor]
+Functions = Mapping[str, Callable[..., Any]]
+
+DTYPE_MAP: dict[str, torch.dtype] = {
+    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+def to_dtype(name: str) -> torch.dtype:
+    return DTYPE_MAP[name]
+
+
+def wide(t: torch.Tensor) -> torch.Tensor:
+    """High-precision copy for golden arithmetic: float64 for floats, int64 for integers."""
+    if t.is_floating_point():
+        return t.to(torch.float64)
+    return t.to(torch.int64) if t.dtype != torch.bool else t
+
+
+def narrow(t: torch.Tensor, dtype: str | torch.dtype) -> torch.Tensor:
+    """Golden result in the candidate's dtype family: floats stay float64 (compared with tolerance), ints exact."""
+    dt = to_dtype(dtype) if isinstance(dtype, str) else dtype
+    return t if dt.is_floating_point else t.to(dt)
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def rand(shape, dtype: str | torch.dtype, gen: torch.Generator, *, low: int = -8, high: int = 8) -> torch.Tensor:
+    """Random data that is deterministic for a seed. Floats are N(0,1); integers uniform in [low, high)."""
+    dt = to_dtype(dtype) if isinstance(dtype, str) else dtype
+    shape = tuple(int(s) for s in shape)
+    if dt.is_floating_point:
+        base = dt if dt in (torch.float32, torch.float64) else torch.float32
+        return torch.randn(shape, generator=gen, dtype=base).to(dt)
+    if dt == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    return torch.randint(low, high, shape, generator=gen, dtype=torch.int64).to(dt)
+
+
+class CandidateError(Exception):
+    """The candidate broke the calling convention (wrong return type, shape...). Message goes to the agent."""
+
+
+def expect_tensor(value: Any, what: str) -> torch.Tensor:
+    # exact type: a Tensor subclass could override the harness's own tensor operations
+    if type(value) is not torch.Tensor:
+        raise CandidateError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+class GoldenOp:
+    """Base class of golden semantics. Subclasses set `name` and implement the four core methods."""
+
+    name: ClassVar[str] = ""
+    #: nccl-tests op whose bus-bandwidth factor applies ("all_reduce", "all_gather", ..., or None = 1)
+    nccl_op: ClassVar[str | None] = None
+    #: the candidate functions this op calls
+    functions: ClassVar[tuple[str, ...]] = ()
+
+    # ---- card validation -------------------------------------------------------------------------
+    def validate_card(self, card: "TaskCard") -> None:
+        """Raise ValueError("field 'x': ...") when the card does not fit this op."""
+        missing = [f for f in self.functions if f not in card.entry.functions]
+        if missing:
+            raise ValueError(f"field 'entry.functions': op {self.name!r} calls {missing}, which the card does not declare")
+        for i, case in enumerate(card.cases):
+            try:
+                self.validate_case(case)
+            except ValueError as exc:
+                raise ValueError(f"field 'cases.{i}' ({case.name}): {exc}") from None
+
+    def validate_case(self, case: "CaseSpec") -> None:
+        """Check one case's shape and params; default: nothing to check."""
+
+    def supports_world(self, world: int, case: "CaseSpec") -> bool:
+        return True
+
+    # ---- rank side -------------------------------------------------------------------------------
+    def make_inputs(self, case: "CaseSpec", rank: int, world: int, seed: int) -> Tensors:
+        """This rank's inputs, from its private seed alone."""
+        raise NotImplementedError
+
+    def call(self, fns: Functions, inputs: Tensors, case: "CaseSpec", rank: int, world: int) -> Tensors:
+        """Invoke the candidate on this rank's inputs and return its outputs by name."""
+        raise NotImplementedError
+
+    def candidate_inputs(self, inputs: Tensors) -> Tensors:
+        """The inputs the candidate may see (others, such as secret per-rank transforms, stay in the harness)."""
+        return {k: v for k, v in inputs.items() if not k.startswith("secret_")}
+
+    # ---- coordinator side ------------------------------------------------------------------------
+    def expected(self, case: "CaseSpec", world: int, inputs: list[Tensors]) -> list[Tensors]:
+        """The correct outputs of every rank, computed in high precision."""
+        raise NotImplementedError
+
+    def verify(self, case: "CaseSpec", world: int, inputs: list[Tensors], outputs: list[Tensors],
+               tol: tuple[float, float]) -> "dict | None":
+        """First mismatch as a dict for `Mismatch`, or None. Default: compare against `expected`."""
+        from .compare import first_mismatch
+
+        return first_mismatch(case, self.expected(case, world, inputs), outputs, tol)
+
+    # ---- benchmark -------------------------------------------------------------------------------
+    def size_case(self, perf: "PerformanceSpec", size_bytes: int, world: int) -> "CaseSpec":
+        """The case that benchmarks `size_bytes` (the nccl-tests size). Default: a flat tensor of that many bytes."""
+        from ..cards import CaseSpec
+
+        elem = torch.empty((), dtype=to_dtype(perf.dtype)).element_size()
+        count = max(1, size_bytes // elem)
+        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[count], dtype=perf.dtype,
+                        params=dict(perf.params))
+
+    def metric_bytes(self, case: "CaseSpec", world: int) -> int:
+        """nccl-tests 'size' of a case in bytes (what algbw divides)."""
+        return math.prod(case.shape) * torch.empty((), dtype=to_dtype(case.dtype)).element_size()
+
+    def flops(self, case: "CaseSpec", world: int) -> float:
+        """Floating-point operations per rank per call, for tflops-metric tasks; 0 when not meaningful."""
+        return 0.0

@@ -1,0 +1,1 @@
+"""Golden semantics (filled by task issues)."""

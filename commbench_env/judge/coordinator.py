@@ -1,0 +1,506 @@
+"""The coordinator: builds nothing from candidate code, launches the ranks, feeds them seeds, verifies and times.
+
+Stages are small functions: static_check -> launch -> rendezvous -> check -> benchmark -> profile -> collect.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..cards import CaseSpec, TaskCard, busbw_factor
+from ..golden import get_op
+from ..golden.base import GoldenOp
+from ..golden.compare import compare_tensor
+from .protocol import Reader, decode_tensors, derive_seed, pack
+from .request import JudgeRequest
+from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, SizeResult,
+                     Timings, Verdict, Violation)
+from .rules import expand_forbidden
+from .static_check import check_source
+
+
+class RankFailure(Exception):
+    """A rank crashed, hung, raised, or broke protocol; carries the verdict to report."""
+
+    def __init__(self, verdict: Verdict, summary: str, case: str | None = None):
+        super().__init__(summary)
+        self.verdict, self.summary, self.case = verdict, summary, case
+
+
+@dataclass
+class RankProc:
+    rank: int
+    pid: int
+    sock: socket.socket
+    reader: Reader = field(default_factory=Reader)
+    state: str = "ok"
+    exit_code: int | None = None
+    signal: int | None = None
+    violations: list[dict] = field(default_factory=list)
+
+
+class Evaluation:
+    def __init__(self, req: JudgeRequest):
+        self.req = req
+        self.card = TaskCard.model_validate(req.task["card"])
+        self.op: GoldenOp = get_op(self.card.semantics.op)
+        self.secret = bytes.fromhex(req.secret)
+        self.workdir = Path(req.workdir)
+        self.world = req.world_size
+        self.timeout_s = req.timeout_s or self.card.limits.timeout_s
+        self.deadline = time.monotonic() + self.timeout_s
+        self.ranks: list[RankProc] = []
+        self.timings = Timings()
+        self.t_start = time.monotonic()
+        self.result = JudgeResult(task_id=self.card.id, task_hash=req.task.get("task_hash", ""), mode=req.mode,
+                                  world_size=self.world, device_mode=req.device_mode, verdict=Verdict.passed,
+                                  judge_version=__version__, source_hash=req.source_hash)
+
+    # ---- stage 1: static -------------------------------------------------------------------------------
+    def static_check(self) -> bool:
+        t0 = time.monotonic()
+        entry = self.card.entry
+        path = self.workdir / "candidate" / entry.file
+        if not path.is_file():
+            self.result.compile = CompileReport(ok=False, log=f"no file {entry.file!r} was submitted")
+            self.result.verdict = Verdict.compile_error
+            self.result.summary = f"{entry.file} is missing from the submission"
+            return False
+        source = path.read_text(errors="replace")
+        forbidden, attrs = expand_forbidden(self.card.rules.forbidden_apis)
+        rep = check_source(source, entry.file, forbidden, attrs, self.card.rules.extra_imports, entry.functions)
+        violations = [Violation(**v) for v in rep.violations]
+        if not self.req.static_check and not rep.syntax_error:
+            violations, rep.ok = [], True
+        self.result.compile = CompileReport(ok=rep.ok, log=rep.log, violations=violations)
+        self.timings.compile_s = time.monotonic() - t0
+        if rep.ok:
+            return True
+        forbidden_hits = [v for v in violations if v.rule not in ("import_error",)]
+        if forbidden_hits:
+            self.result.verdict = Verdict.forbidden
+            self.result.violations = forbidden_hits
+            self.result.summary = f"{len(forbidden_hits)} rule violation(s); first: line {forbidden_hits[0].line}: {forbidden_hits[0].detail}"
+        else:
+            self.result.verdict = Verdict.compile_error
+            self.result.summary = (rep.log.splitlines() or ["compile error"])[-1]
+        return False
+
+    # ---- stage 2: launch + rendezvous --------------------------------------------------------------------
+    def launch(self) -> None:
+        from .rank import rank_main
+
+        t0 = time.monotonic()
+        spec = {"card": self.card.model_dump(mode="json"), "timeout_s": self.timeout_s,
+                "memory_mb": self.req.memory_mb or self.card.limits.memory_mb,
+                "threads_per_rank": self.req.threads_per_rank or max(1, (os.cpu_count() or 1) // self.world)}
+        # the card goes to ranks without hidden cases: a rank learns a case only when asked to run it
+        spec["card"]["cases"] = []
+        pairs = [socket.socketpair() for _ in range(self.world)]
+        for r, (mine, theirs) in enumerate(pairs):
+            pid = os.fork()
+            if pid == 0:  # child: drop every other rank's channel before anything else
+                for q, (m, t) in enumerate(pairs):
+                    m.close()
+                    if q != r:
+                        t.close()
+                rank_main(r, self.world, theirs, spec, self.workdir)
+            self.ranks.append(RankProc(rank=r, pid=pid, sock=mine))
+        for _, theirs in pairs:
+            theirs.close()
+        for rp in self.ranks:
+            rp.sock.setblocking(False)
+        self.timings.launch_s = time.monotonic() - t0
+
+    def rendezvous(self) -> None:
+        t0 = time.monotonic()
+        port = self.gather([0], "store")[0][0]["port"]
+        for rp in self.ranks:
+            self.send(rp, {"port": port})
+        msgs = self.gather(range(self.world), "ready")
+        self.timings.rendezvous_s = max(m[0].get("rendezvous_s", 0.0) for m in msgs.values()) if msgs else 0.0
+        self.timings.load_s = time.monotonic() - t0 - self.timings.rendezvous_s
+
+    # ---- messaging ---------------------------------------------------------------------------------------
+    def send(self, rp: RankProc, header: dict[str, Any], blob: bytes = b"") -> None:
+        data = pack(header, blob)
+        rp.sock.setblocking(True)
+        rp.sock.settimeout(max(0.1, self.deadline - time.monotonic()))
+        try:
+            rp.sock.sendall(data)
+        except (OSError, socket.timeout):
+            self.reap(rp)
+            raise RankFailure(Verdict.runtime_error, f"rank {rp.rank} stopped accepting messages ({self.describe(rp)})")
+        finally:
+            rp.sock.setblocking(False)
+
+    def gather(self, ranks, expect: str, case: str | None = None) -> dict[int, Any]:
+        """Wait for one message from each rank in `ranks`; fail with a verdict naming who crashed or hung."""
+        pending = set(ranks)
+        got: dict[int, Any] = {}
+        sel = selectors.DefaultSelector()
+        for r in pending:
+            sel.register(self.ranks[r].sock, selectors.EVENT_READ, r)
+        try:
+            while pending:
+                for r in list(pending):
+                    msg = self.ranks[r].reader.pop()
+                    if msg is not None:
+                        self.absorb(r, msg, expect, case)
+                        got[r] = msg
+                        pending.discard(r)
+                        sel.unregister(self.ranks[r].sock)
+                if not pending:
+                    break
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    self.hang(sorted(pending), case)
+                for key, _ in sel.select(timeout=min(left, 1.0)):
+                    rp = self.ranks[key.data]
+                    try:
+                        data = rp.sock.recv(1 << 20)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    rp.reader.feed(data)
+                    if not data and rp.reader.pop() is None:
+                        self.reap(rp, wait=0.5)
+                        raise RankFailure(Verdict.runtime_error,
+                                          f"rank {rp.rank} {self.describe(rp)} before reporting"
+                                          + (f" (case {case})" if case else ""), case)
+                    elif not data:
+                        rp.reader.buf = rp.reader.buf  # keep buffered message; EOF noted
+        finally:
+            sel.close()
+        return got
+
+    def absorb(self, r: int, msg: tuple[dict, bytes], expect: str, case: str | None) -> None:
+        header = msg[0]
+        rp = self.ranks[r]
+        for v in header.get("violations", []) or []:
+            if v not in rp.violations:
+                rp.violations.append(v)
+        kind = header.get("type")
+        if kind == "load_error":
+            raise RankFailure(Verdict.runtime_error, f"loading the candidate failed on rank {r}:\n{header.get('error', '')}")
+        if kind == "error":
+            if rp.violations:
+                raise RankFailure(Verdict.forbidden, f"rank {r} broke a rule: {rp.violations[0]['detail']}", case)
+            raise RankFailure(Verdict.runtime_error, f"rank {r} raised" + (f" in case {case}" if case else "")
+                              + f":\n{header.get('error', '')}", case)
+        if kind != expect:
+            raise RankFailure(Verdict.runtime_error, f"rank {r} sent {kind!r} where {expect!r} was expected", case)
+
+    def describe(self, rp: RankProc) -> str:
+        if rp.signal:
+            name = signal.Signals(rp.signal).name if rp.signal in signal.Signals._value2member_map_ else str(rp.signal)
+            return f"was killed by {name}" + (" (CPU time limit)" if rp.signal == signal.SIGXCPU else "")
+        if rp.exit_code is not None:
+            return f"exited with code {rp.exit_code}"
+        return "closed its channel"
+
+    def reap(self, rp: RankProc, wait: float = 0.0) -> None:
+        end = time.monotonic() + wait
+        while True:
+            try:
+                pid, status = os.waitpid(rp.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid:
+                if os.WIFSIGNALED(status):
+                    rp.signal, rp.state = os.WTERMSIG(status), "crashed"
+                else:
+                    rp.exit_code = os.WEXITSTATUS(status)
+                    rp.state = "exited_early" if rp.exit_code == 0 else "crashed"
+                return
+            if time.monotonic() >= end:
+                return
+            time.sleep(0.01)
+
+    def hang(self, pending: list[int], case: str | None) -> None:
+        for r in pending:
+            self.ranks[r].state = "hung"
+            try:
+                os.kill(self.ranks[r].pid, signal.SIGUSR1)  # faulthandler dumps the Python stacks
+            except ProcessLookupError:
+                pass
+        time.sleep(0.3)
+        raise RankFailure(Verdict.timeout, f"time limit of {self.timeout_s:g}s reached; rank(s) "
+                          f"{', '.join(map(str, pending))} did not finish" + (f" case {case}" if case else ""), case)
+
+    # ---- stage 3: correctness ------------------------------------------------------------------------
+    def seed(self, *parts: object) -> int:
+        return derive_seed(self.secret, *parts)
+
+    def tolerance(self, case: CaseSpec) -> tuple[float, float]:
+        tol = self.card.tolerance_for(case.dtype)
+        return tol.rtol, tol.atol
+
+    def run_case(self, case: CaseSpec) -> CaseResult:
+        t0 = time.monotonic()
+        seeds = [self.seed("case", case.name, r) for r in range(self.world)]
+        for rp in self.ranks:
+            self.send(rp, {"cmd": "check", "case": case.model_dump(mode="json"), "seed": seeds[rp.rank]})
+        msgs = self.gather(range(self.world), "result", case.name)
+        outputs = [decode_tensors(msgs[r][0]["outputs"], msgs[r][1]) for r in range(self.world)]
+        t1 = time.monotonic()
+        inputs = [self.op.make_inputs(case, r, self.world, seeds[r]) for r in range(self.world)]
+        mutated = [(r, msgs[r][0]["mutated"]) for r in range(self.world) if msgs[r][0].get("mutated")]
+        if mutated and self.card.rules.inputs_read_only:
+            r, names = mutated[0]
+            mm = {"case": case.name, "rank": r, "output": names[0], "reason": "input_mutated",
+                  "detail": f"rank {r} modified its input {names[0]!r}; inputs are read-only"}
+        else:
+            mm = self.op.verify(case, self.world, inputs, outputs, self.tolerance(case))
+        self.timings.verify_s += time.monotonic() - t1
+        mismatch = Mismatch(hidden=not case.visible, **mm) if mm else None
+        return CaseResult(name=case.name, visible=case.visible, passed=mismatch is None,
+                          seconds=t1 - t0, mismatch=mismatch)
+
+    def check(self) -> None:
+        t0 = time.monotonic()
+        cases = [c for c in self.card.cases if self.op.supports_world(self.world, c)]
+        cases.sort(key=lambda c: not c.visible)
+        for case in cases:
+            self.result.cases.append(self.run_case(case))
+        self.timings.run_s += time.monotonic() - t0 - self.timings.verify_s
+
+    # ---- stage 4: benchmark --------------------------------------------------------------------------
+    def benchmark(self) -> None:
+        perf = self.card.performance
+        t0 = time.monotonic()
+        verify_before = self.timings.verify_s
+        for size in perf.sizes:
+            self.result.benchmark.append(self.bench_size(perf, size))
+        self.timings.run_s += time.monotonic() - t0 - (self.timings.verify_s - verify_before)
+
+    def bench_size(self, perf, size: int) -> SizeResult:
+        case = self.op.size_case(perf, size, self.world)
+        n_iter = perf.warmup + perf.iters
+        seeds = [[self.seed("bench", size, it, r) for it in range(n_iter)] for r in range(self.world)]
+        full = type(self.op).verify is not GoldenOp.verify
+        for rp in self.ranks:
+            self.send(rp, {"cmd": "bench", "case": case.model_dump(mode="json"), "seeds": seeds[rp.rank],
+                           "warmup": perf.warmup, "full_outputs": full})
+        times = [[0.0] * perf.iters for _ in range(self.world)]
+        samples: list[tuple[int, int, dict]] = []
+        for it in range(n_iter):
+            msgs = self.gather(range(self.world), "iter", case.name)
+            if it < perf.warmup:
+                continue
+            for r in range(self.world):
+                times[r][it - perf.warmup] = msgs[r][0]["ns"] / 1e3
+            sample_seed = self.seed("sample", size, it)
+            for rp in self.ranks:
+                self.send(rp, {"sample_seed": sample_seed})
+            got = self.gather(range(self.world), "samples", case.name)
+            for r in range(self.world):
+                samples.append((it, r, decode_tensors(got[r][0]["outputs"], got[r][1])))
+        t1 = time.monotonic()
+        mismatch = self.verify_samples(case, size, seeds, samples, full)
+        self.timings.verify_s += time.monotonic() - t1
+        per_rank_mean = [sum(t) / len(t) for t in times]
+        per_iter_max = [max(times[r][i] for r in range(self.world)) for i in range(perf.iters)]
+        t_us = max(per_rank_mean)  # nccl-tests: average over iterations, max over ranks
+        nbytes = self.op.metric_bytes(case, self.world)
+        algbw = nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
+        flops = self.op.flops(case, self.world)
+        return SizeResult(size_bytes=size, dtype=case.dtype, count=int(case.shape[0]) if case.shape else 0,
+                          iters=perf.iters, warmup=perf.warmup, time_us=t_us,
+                          time_us_median=statistics.median(per_iter_max), time_us_min=min(per_iter_max),
+                          per_rank_mean_us=per_rank_mean, algbw_gbps=algbw,
+                          busbw_gbps=algbw * busbw_factor(self.op.nccl_op, self.world),
+                          tflops=flops / (t_us * 1e-6) / 1e12 if flops and t_us > 0 else 0.0,
+                          verified=mismatch is None, mismatch=mismatch)
+
+    def verify_samples(self, case: CaseSpec, size: int, seeds, samples, full: bool) -> Mismatch | None:
+        import torch
+
+        tol = self.tolerance(case)
+        by_iter: dict[int, dict[int, dict]] = {}
+        for it, r, outs in samples:
+            by_iter.setdefault(it, {})[r] = outs
+        for it, per_rank in sorted(by_iter.items()):
+            inputs = [self.op.make_inputs(case, r, self.world, seeds[r][it]) for r in range(self.world)]
+            if full:
+                mm = self.op.verify(case, self.world, inputs, [per_rank[r] for r in range(self.world)], tol)
+                if mm:
+                    mm["detail"] = (mm.get("detail", "") + f" (timed iteration {it})").strip()
+                    return Mismatch(**mm)
+                continue
+            expected = self.op.expected(case, self.world, inputs)
+            for r in range(self.world):
+                g = torch.Generator().manual_seed(self.seed("sample", size, it))  # the rank drew with this seed
+                for name, exp in sorted(expected[r].items()):
+                    flat = exp.reshape(-1)
+                    got = per_rank[r].get(name)
+                    numel = per_rank[r].get(name + "#numel")
+                    if got is None or numel is None or int(numel[0]) != flat.numel():
+                        return Mismatch(case=case.name, rank=r, output=name, reason="shape",
+                                        detail=f"timed iteration {it}: output {name!r} has the wrong size")
+                    if flat.numel() == 0:
+                        continue
+                    idx = torch.randint(0, flat.numel(), (min(256, flat.numel()),), generator=g)
+                    m = compare_tensor(flat[idx], got, tol)
+                    if m:
+                        pos = int(idx[m["index"][0]]) if m.get("index") else 0
+                        m["index"] = [pos]
+                        m.pop("wrong_count", None), m.pop("total_count", None)
+                        return Mismatch(case=case.name, rank=r, output=name,
+                                        detail=f"timed iteration {it} (sampled check)", **m)
+        return None
+
+    # ---- stage 5: profile ----------------------------------------------------------------------------
+    def profile(self) -> None:
+        vis = self.card.visible_cases()
+        case = max(vis, key=lambda c: self.op.metric_bytes(c, self.world))
+        seed = self.seed("profile", case.name)
+        for rp in self.ranks:
+            self.send(rp, {"cmd": "profile", "case": case.model_dump(mode="json"), "seed": seed + rp.rank * 7919})
+        msgs = self.gather(range(self.world), "profile", case.name)
+        for r in range(self.world):
+            h = msgs[r][0]
+            self.result.profile.append(RankProfile(rank=r, case=case.name, wall_us=h["wall_us"], comm_us=h["comm_us"],
+                                                   compute_us=h["compute_us"], rows=h["rows"]))
+
+    # ---- stage 6: shutdown -----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        for rp in self.ranks:
+            if rp.state == "ok":
+                try:
+                    rp.sock.setblocking(True)
+                    rp.sock.settimeout(0.2)
+                    rp.sock.sendall(pack({"cmd": "exit"}))
+                except OSError:
+                    pass
+        end = time.monotonic() + 1.0
+        for rp in self.ranks:
+            if rp.state == "ok":
+                self.reap(rp, wait=max(0.0, end - time.monotonic()))
+                if rp.exit_code == 0:
+                    rp.state = "ok"  # asked to exit, and did
+        for rp in self.ranks:
+            if rp.exit_code is None and rp.signal is None:
+                try:
+                    os.killpg(rp.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                try:
+                    os.kill(rp.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                was = rp.state
+                self.reap(rp, wait=2.0)
+                if was in ("hung",):
+                    rp.state = "hung"
+                elif was == "ok":
+                    rp.state = "killed"
+            else:
+                try:  # anything the rank left behind in its session goes too
+                    os.killpg(rp.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            rp.sock.close()
+
+    def collect_ranks(self) -> None:
+        limit = self.req.max_output_chars
+        for rp in self.ranks:
+            rdir = self.workdir / f"rank{rp.rank}"
+            state = rp.state
+            if state == "exited_early" and rp.exit_code == 0 and self.result.verdict == Verdict.passed:
+                state = "ok"
+            self.result.ranks.append(RankStatus(
+                rank=rp.rank, state=state, exit_code=rp.exit_code, signal=rp.signal,
+                stdout=_tail(rdir / "stdout.txt", limit), stderr=_tail(rdir / "stderr.txt", limit),
+                stack=_tail(rdir / "stack.txt", limit) if rp.state == "hung" else None))
+            for v in rp.violations:
+                vv = Violation(rank=rp.rank, **{k: v[k] for k in ("rule", "detail", "where") if k in v})
+                if vv not in self.result.violations:
+                    self.result.violations.append(vv)
+
+    # ---- the whole evaluation ---------------------------------------------------------------------------
+    def run(self) -> JudgeResult:
+        mode = self.req.mode
+        try:
+            if not self.static_check():
+                return self.finish()
+            if mode == "compile":
+                self.result.verdict = Verdict.compiled
+                self.result.summary = "compiled: syntax, imports and rules are fine (nothing was run)"
+                return self.finish()
+            self.launch()
+            self.rendezvous()
+            if mode in ("check", "full"):
+                self.check()
+            if mode == "benchmark" or (mode == "full" and all(c.passed for c in self.result.cases)):
+                self.benchmark()
+            if mode == "profile":
+                self.profile()
+        except RankFailure as f:
+            self.result.verdict = f.verdict
+            self.result.summary = f.summary
+            if f.case:
+                names = {c.name for c in self.result.cases}
+                if f.case not in names:
+                    case = next((c for c in self.card.cases if c.name == f.case), None)
+                    self.result.cases.append(CaseResult(name=f.case, visible=case.visible if case else False,
+                                                        passed=False, error=f.summary))
+        finally:
+            if self.ranks:
+                self.shutdown()
+                self.collect_ranks()
+        return self.finish()
+
+    def finish(self) -> JudgeResult:
+        r = self.result
+        if r.violations and r.verdict in (Verdict.passed, Verdict.wrong_answer, Verdict.runtime_error):
+            r.verdict = Verdict.forbidden
+            r.summary = f"rule broken at run time: {r.violations[0].detail}"
+        elif r.verdict == Verdict.passed:
+            failed = [c for c in r.cases if not c.passed]
+            bad_bench = [s for s in r.benchmark if not s.verified]
+            if failed:
+                r.verdict = Verdict.wrong_answer
+                r.summary = f"{len(r.cases) - len(failed)}/{len(r.cases)} cases passed"
+            elif bad_bench:
+                r.verdict = Verdict.wrong_answer
+                r.summary = f"wrong output in a timed iteration at size {bad_bench[0].size_bytes} B"
+            else:
+                parts = []
+                if r.cases:
+                    parts.append(f"all {len(r.cases)} cases passed")
+                if r.benchmark:
+                    parts.append(f"benchmarked {len(r.benchmark)} sizes")
+                if r.profile:
+                    parts.append(f"profiled {len(r.profile)} ranks")
+                r.summary = "; ".join(parts) or "ok"
+        self.timings.total_s = time.monotonic() - self.t_start
+        r.timings = self.timings
+        return r
+
+
+def _tail(path: Path, limit: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - limit))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return (f"[... {size - limit} bytes cut ...]\n" + text) if size > limit else text
+
+
+def evaluate(req: JudgeRequest) -> JudgeResult:
+    """Run one evaluation to completion. Must be called in a process that will not run candidate code."""
+    return Evaluation(req).run()

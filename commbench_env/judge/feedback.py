@@ -1,0 +1,91 @@
+"""Turn a JudgeResult into the text an agent reads. Hidden cases are named by number, never by shape."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .result import JudgeResult, Mismatch
+
+
+def _mismatch_line(m: "Mismatch") -> str:
+    where = f"rank {m.rank}, output {m.output!r}"
+    if m.index:
+        where += f", index {m.index}"
+    if m.reason in ("value", "nan"):
+        s = f"{where}: expected {m.expected}, got {m.got}"
+        if m.total_count:
+            s += f" ({m.wrong_count} of {m.total_count} elements wrong)"
+    elif m.reason == "shape":
+        s = f"{where}: wrong shape, expected {m.expected}, got {m.got}" if m.expected else f"{where}: {m.detail}"
+    elif m.reason == "dtype":
+        s = f"{where}: wrong dtype, expected {m.expected}, got {m.got}"
+    else:
+        s = f"{where}: {m.detail or m.reason}"
+    if m.detail and m.reason in ("value", "nan", "shape") and m.detail not in s:
+        s += f" [{m.detail}]"
+    return s
+
+
+def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
+    lines = [f"[{r.mode}] verdict: {r.verdict.value} - {r.summary}"]
+    if r.compile and r.compile.log and (not r.compile.ok or r.verdict.value in ("compile_error", "forbidden")):
+        lines += ["", "compile log:", r.compile.log.strip()]
+    hidden_no = 0
+    if r.cases:
+        lines += ["", "cases:"]
+        for c in r.cases:
+            if c.visible:
+                label = c.name
+            else:
+                hidden_no += 1
+                label = f"hidden #{hidden_no}"
+            status = "PASS" if c.passed else "FAIL"
+            line = f"  {status} {label}"
+            if c.mismatch:
+                line += ": " + _mismatch_line(c.mismatch)
+            elif c.error and not c.passed:
+                line += ": " + c.error.splitlines()[0]
+            lines.append(line)
+    if r.benchmark:
+        lines += ["", "benchmark (time = mean over iterations, max over ranks):",
+                  f"  {'size':>12} {'time_us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}  ok"]
+        for s in r.benchmark:
+            lines.append(f"  {s.size_bytes:>12} {s.time_us:>10.1f} {s.algbw_gbps:>11.3f} {s.busbw_gbps:>11.3f}  "
+                         + ("yes" if s.verified else "NO: " + _mismatch_line(s.mismatch) if s.mismatch else "NO"))
+    if r.profile:
+        lines += ["", "profile (one call, per rank):"]
+        for p in r.profile:
+            lines.append(f"  rank {p.rank}: wall {p.wall_us:.0f} us, in torch.distributed {p.comm_us:.0f} us, "
+                         f"other {p.compute_us:.0f} us")
+            for row in p.rows[:8]:
+                lines.append(f"    {row.kind:<8} {row.name:<40} calls {row.calls:>4}  total {row.total_us:>9.1f} us")
+    if r.violations:
+        lines += ["", "rule violations:"]
+        lines += [f"  {v.where}{' line ' + str(v.line) if v.line else ''}{' rank ' + str(v.rank) if v.rank is not None else ''}: {v.detail}"
+                  for v in r.violations[:10]]
+    interesting = [k for k in r.ranks if k.state != "ok" or k.stderr or k.stdout]
+    for k in interesting[:4]:
+        head = f"rank {k.rank}: {k.state}"
+        if k.signal:
+            head += f" (signal {k.signal})"
+        elif k.exit_code not in (None, 0):
+            head += f" (exit code {k.exit_code})"
+        lines += ["", head]
+        if k.stack:
+            lines += ["  Python stack when stopped:", _indent(k.stack, 4)]
+        if k.stdout.strip():
+            lines += ["  stdout:", _indent(k.stdout, 4)]
+        if k.stderr.strip():
+            lines += ["  stderr:", _indent(k.stderr, 4)]
+    text = "\n".join(lines)
+    if len(text) > max_chars:
+        text = text[: max_chars - 40] + f"\n[... feedback cut at {max_chars} characters ...]"
+    return text
+
+
+def _indent(text: str, n: int, max_lines: int = 30) -> str:
+    ls = text.rstrip().splitlines()
+    if len(ls) > max_lines:
+        ls = ls[:5] + [f"[... {len(ls) - max_lines} lines ...]"] + ls[-(max_lines - 6):]
+    return "\n".join(" " * n + line for line in ls)

@@ -1,0 +1,146 @@
+"""Runtime enforcement inside a rank, installed before the candidate is imported.
+
+Two layers behind the static check: tripwires replace forbidden torch.distributed APIs (under every alias the
+harness knows), and an audit hook (which Python code cannot remove) refuses files, processes, sockets, shared
+memory, ctypes and introspection of other frames while candidate code runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable
+
+from .rules import PROCESS_GROUP_COLLECTIVES
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+_BLOCKED_EVENTS = frozenset({
+    "os.system", "os.fork", "os.forkpty", "os.kill", "os.killpg", "signal.pthread_kill", "subprocess.Popen",
+    "pty.spawn", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate",
+    "os.chmod", "os.chown", "os.chroot", "mmap.__new__", "sys.settrace", "sys.setprofile", "sys.addaudithook",
+    "sys._current_frames", "gc.get_referrers", "gc.get_referents", "gc.get_objects", "resource.setrlimit",
+    "resource.prlimit", "shutil.copyfile", "shutil.move", "shutil.rmtree", "os.putenv", "os.unsetenv",
+    "sys.setrecursionlimit", "os.setsid", "os.setpgid",
+})
+_BLOCKED_PREFIXES = ("socket.", "ctypes.", "os.exec", "os.spawn", "os.posix_spawn", "_posixshmem.", "winreg.")
+
+
+class Guard:
+    """Holds the rank's violation log; `active` is on only while candidate code runs."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.violations: list[dict[str, Any]] = []
+
+    def record(self, rule: str, detail: str) -> None:
+        if len(self.violations) < 50:
+            self.violations.append({"rule": rule, "detail": detail, "where": "runtime"})
+
+
+def install_audit_hook(guard: Guard, own_pid: int) -> None:
+    proc_self = (f"/proc/{own_pid}/", "/proc/self/", "/proc/thread-self/")
+
+    def hook(event: str, args: tuple) -> None:
+        if not guard.active:
+            return
+        reason = None
+        if event == "open":
+            path, mode, flags = (list(args) + [None, None, None])[:3]
+            p = str(path) if path is not None else ""
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & _WRITE_FLAGS)
+            if writing:
+                reason = f"opening {p!r} for writing"
+            elif p.startswith("/proc/") and not p.startswith(proc_self) and p[6:7].isdigit():
+                reason = f"reading another process's {p!r}"
+            elif p.startswith("/dev/shm"):
+                reason = f"shared memory {p!r}"
+        elif event in _BLOCKED_EVENTS or event.startswith(_BLOCKED_PREFIXES):
+            reason = event
+        if reason:
+            guard.record("sandbox", f"{reason} is not allowed in candidate code")
+            raise PermissionError(f"CommBench: {reason} is not allowed in candidate code")
+
+    sys.addaudithook(hook)
+
+
+def _tripwire(name: str, guard: Guard) -> Callable[..., Any]:
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        guard.record("forbidden_api", f"{name} was called at run time")
+        raise RuntimeError(f"CommBench: {name} is forbidden in this task")
+
+    forbidden.__name__ = name.rsplit(".", 1)[-1]
+    return forbidden
+
+
+def install_tripwires(forbidden: set[str], forbidden_attrs: set[str], guard: Guard) -> None:
+    """Replace forbidden torch.distributed functions and ProcessGroup methods by tripwires."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for dotted in forbidden:
+        if not dotted.startswith("torch.distributed."):
+            continue
+        leaf = dotted[len("torch.distributed."):]
+        if "." in leaf:
+            continue
+        for mod in (dist, c10d):
+            if hasattr(mod, leaf) and callable(getattr(mod, leaf)):
+                setattr(mod, leaf, _tripwire(dotted, guard))
+    pg_attrs = forbidden_attrs & PROCESS_GROUP_COLLECTIVES
+    for cls in (getattr(dist, "ProcessGroup", None), getattr(c10d, "ProcessGroupGloo", None)):
+        if cls is None:
+            continue
+        for attr in pg_attrs:
+            if hasattr(cls, attr):
+                try:
+                    setattr(cls, attr, _tripwire(f"ProcessGroup.{attr}", guard))
+                except (AttributeError, TypeError):
+                    pass
+
+
+class CommProfiler:
+    """Per-call timing of torch.distributed functions: wrappers installed once, counting only when enabled."""
+
+    def __init__(self, clock: Callable[[], int]) -> None:
+        self.enabled = False
+        self.clock = clock
+        self.stats: dict[str, list[float]] = {}
+
+    def wrap_module(self) -> None:
+        import torch.distributed as dist
+
+        names = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "all_reduce", "all_gather",
+                 "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+                 "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "barrier", "new_group",
+                 "all_gather_object", "broadcast_object_list")
+        for n in names:
+            fn = getattr(dist, n, None)
+            if fn is None:
+                continue
+            setattr(dist, n, self._wrap(f"dist.{n}", fn))
+
+    def _wrap(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        prof = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not prof.enabled:
+                return fn(*args, **kwargs)
+            t0 = prof.clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                prof.stats.setdefault(label, []).append((prof.clock() - t0) / 1e3)
+
+        timed.__name__ = getattr(fn, "__name__", label)
+        timed.__doc__ = getattr(fn, "__doc__", None)
+        return timed
+
+    def reset(self) -> None:
+        self.stats = {}
+
+
+def monotonic_ns() -> int:
+    return time.perf_counter_ns()

@@ -1,0 +1,296 @@
+"""The rank harness: one forked process per rank. It owns the process group, inputs, timing and the channel to
+the coordinator; the candidate module is loaded only after all of that is captured and guarded."""
+
+from __future__ import annotations
+
+import faulthandler
+import linecache
+import os
+import resource
+import signal
+import socket
+import sys
+import traceback
+import types
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .guard import CommProfiler, Guard, install_audit_hook, install_tripwires
+from .protocol import encode_tensors, recv_msg, send_msg
+from .rules import expand_forbidden
+
+SAMPLES_PER_OUTPUT = 256
+
+
+def _set_limits(cpu_s: int, memory_mb: int | None, nofile: int, fsize_mb: int) -> None:
+    def setl(which: int, value: int) -> None:
+        soft, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        try:
+            resource.setrlimit(which, (value, hard if hard != resource.RLIM_INFINITY else value))
+        except (ValueError, OSError):
+            pass
+
+    setl(resource.RLIMIT_CPU, cpu_s)
+    setl(resource.RLIMIT_NOFILE, nofile)
+    setl(resource.RLIMIT_FSIZE, fsize_mb << 20)
+    setl(resource.RLIMIT_CORE, 0)
+    if memory_mb:
+        setl(resource.RLIMIT_AS, memory_mb << 20)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def _no_dump() -> None:
+    """Make this process non-dumpable: other processes of the same user cannot read its memory through /proc."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except Exception:  # noqa: BLE001 - best effort on exotic libcs
+        pass
+
+
+def _candidate_traceback(exc: BaseException, filename: str) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
+    lines = ["Traceback (candidate frames only):"]
+    for f in frames[-8:]:
+        lines.append(f'  File "{f.filename}", line {f.lineno}, in {f.name}')
+        if f.line:
+            lines.append(f"    {f.line}")
+    lines.append(f"{type(exc).__name__}: {exc}")
+    return "\n".join(lines)
+
+
+class RankHarness:
+    def __init__(self, rank: int, world: int, sock: socket.socket, spec: dict[str, Any], workdir: Path):
+        self.rank, self.world, self.sock, self.spec, self.workdir = rank, world, sock, spec, workdir
+        self.card = spec["card"]
+        self.guard = Guard()
+
+    def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
+        send_msg(self.sock, header, blob)
+
+    # -- set-up, all before the candidate exists ------------------------------------------------------
+    def setup(self) -> None:
+        import time
+
+        import torch
+        import torch.distributed as dist
+
+        from ..golden import get_op
+
+        self.torch, self.dist = torch, dist
+        self.clock = time.perf_counter_ns
+        self.op = get_op(self.card["semantics"]["op"])
+        threads = max(1, int(self.spec.get("threads_per_rank", 1)))
+        torch.set_num_threads(threads)
+        timeout = timedelta(seconds=float(self.spec["timeout_s"]))
+        if self.rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, self.world, True, timeout=timeout, wait_for_workers=False)
+            self.send({"type": "store", "port": store.port})
+        msg, _ = recv_msg(self.sock)
+        if self.rank != 0:
+            store = dist.TCPStore("127.0.0.1", int(msg["port"]), self.world, False, timeout=timeout)
+        t0 = self.clock()
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world, timeout=timeout)
+        # The harness synchronises on a group of its own, through a method bound before any tripwire exists,
+        # so neither the candidate's traffic nor a forbidden-API tripwire can touch it.
+        harness_group = dist.new_group(backend="gloo")
+        bound_barrier = harness_group.barrier
+        self.barrier = lambda: bound_barrier().wait()
+        self.barrier()
+        self.rendezvous_s = (self.clock() - t0) / 1e9
+        forbidden, attrs = expand_forbidden(self.card["rules"]["forbidden_apis"])
+        install_tripwires(forbidden, attrs, self.guard)
+        self.profiler = CommProfiler(self.clock)
+        self.profiler.wrap_module()
+        install_audit_hook(self.guard, os.getpid())
+
+    def load_candidate(self) -> None:
+        entry = self.card["entry"]
+        filename = entry["file"]
+        self.filename = filename
+        source = (self.workdir / "candidate" / filename).read_text()
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # source lines in tracebacks
+        module = types.ModuleType(Path(filename).stem)
+        module.__file__ = filename
+        self.guard.active = True
+        try:
+            exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - this is the sandboxed rank
+        finally:
+            self.guard.active = False
+        fns = {}
+        for name in entry["functions"]:
+            fn = module.__dict__.get(name)
+            if not callable(fn):
+                raise LookupError(f"{filename} does not define a function named {name!r}")
+            fns[name] = fn
+        self.fns = fns
+
+    # -- running --------------------------------------------------------------------------------------
+    def _case(self, d: dict[str, Any]):
+        from ..cards import CaseSpec
+
+        return CaseSpec.model_validate(d)
+
+    def _invoke(self, case, inputs):
+        """Call the candidate once with the guard on; returns outputs and elapsed ns."""
+        cand_inputs = self.op.candidate_inputs(inputs)
+        self.guard.active = True
+        t0 = self.clock()
+        try:
+            out = self.op.call(self.fns, inputs, case, self.rank, self.world)
+        finally:
+            t1 = self.clock()
+            self.guard.active = False
+        return out, t1 - t0, cand_inputs
+
+    def run_check(self, msg: dict[str, Any]) -> None:
+        case = self._case(msg["case"])
+        inputs = self.op.make_inputs(case, self.rank, self.world, int(msg["seed"]))
+        pristine = {k: v.clone() for k, v in inputs.items()} if self.card["rules"]["inputs_read_only"] else {}
+        self.barrier()
+        out, ns, cand_inputs = self._invoke(case, inputs)
+        mutated = [k for k in cand_inputs if k in pristine and not _same(pristine[k], inputs[k])]
+        meta, blob = encode_tensors(out)
+        self.send({"type": "result", "outputs": meta, "ns": ns, "mutated": mutated,
+                   "violations": self.guard.violations}, blob)
+
+    def run_bench(self, msg: dict[str, Any]) -> None:
+        torch = self.torch
+        case = self._case(msg["case"])
+        warmup = int(msg["warmup"])
+        full = bool(msg.get("full_outputs"))
+        for it, seed in enumerate(msg["seeds"]):
+            inputs = self.op.make_inputs(case, self.rank, self.world, int(seed))
+            self.barrier()
+            out, ns, _ = self._invoke(case, inputs)
+            if it < warmup:
+                self.send({"type": "iter", "it": it, "ns": ns})
+                continue
+            self.send({"type": "iter", "it": it, "ns": ns})
+            ask, _ = recv_msg(self.sock)  # sample positions are chosen only after the output exists
+            if full:
+                meta, blob = encode_tensors(out)
+            else:
+                g = torch.Generator().manual_seed(int(ask["sample_seed"]))
+                sampled = {}
+                for name, t in sorted(out.items()):
+                    flat = t.detach().reshape(-1)
+                    if flat.numel() == 0:
+                        sampled[name] = flat
+                        continue
+                    idx = torch.randint(0, flat.numel(), (min(SAMPLES_PER_OUTPUT, flat.numel()),), generator=g)
+                    sampled[name] = flat[idx].clone()
+                    sampled[name + "#numel"] = torch.tensor([flat.numel()])
+                meta, blob = encode_tensors(sampled)
+            self.send({"type": "samples", "it": it, "outputs": meta, "violations": self.guard.violations}, blob)
+
+    def run_profile(self, msg: dict[str, Any]) -> None:
+        import torch.profiler as tp
+
+        case = self._case(msg["case"])
+        inputs = self.op.make_inputs(case, self.rank, self.world, int(msg["seed"]))
+        self.barrier()
+        self._invoke(case, inputs)  # warm-up
+        inputs = self.op.make_inputs(case, self.rank, self.world, int(msg["seed"]) + 1)
+        self.profiler.reset()
+        self.barrier()
+        with tp.profile(activities=[tp.ProfilerActivity.CPU]) as prof:
+            self.profiler.enabled = True
+            try:
+                _, ns, _ = self._invoke(case, inputs)
+            finally:
+                self.profiler.enabled = False
+        rows = []
+        for label, times in self.profiler.stats.items():
+            rows.append({"name": label, "kind": "comm", "calls": len(times), "total_us": sum(times),
+                         "mean_us": sum(times) / len(times)})
+        comm_us = sum(r["total_us"] for r in rows)
+        ops = [e for e in prof.key_averages() if not e.key.startswith(("gloo", "c10d", "ProfilerStep", "dist."))
+               and "gloo" not in e.key and "c10d" not in e.key]
+        ops.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+        for e in ops[:10]:
+            rows.append({"name": e.key, "kind": "compute", "calls": int(e.count), "total_us": float(e.self_cpu_time_total),
+                         "mean_us": float(e.self_cpu_time_total) / max(1, int(e.count))})
+        wall_us = ns / 1e3
+        self.send({"type": "profile", "wall_us": wall_us, "comm_us": comm_us,
+                   "compute_us": max(0.0, wall_us - comm_us), "rows": rows, "violations": self.guard.violations})
+
+    def serve(self) -> None:
+        handlers = {"check": self.run_check, "bench": self.run_bench, "profile": self.run_profile}
+        while True:
+            msg, _ = recv_msg(self.sock)
+            cmd = msg.get("cmd")
+            if cmd == "exit":
+                return
+            try:
+                handlers[cmd](msg)
+            except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything, SystemExit included
+                self.guard.active = False
+                self.send({"type": "error", "error": _candidate_traceback(exc, self.filename),
+                           "violations": self.guard.violations})
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(a, b)) or (a.is_floating_point() and bool(torch.equal(a.isnan(), b.isnan()))
+                                       and bool(torch.equal(a.nan_to_num(), b.nan_to_num())))
+
+
+def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], workdir: Path,
+              keep_fds: tuple[int, ...] = ()) -> NoReturn:
+    """Entry of a freshly forked rank process. Never returns."""
+    code = 0
+    try:
+        os.setsid()
+        rdir = workdir / f"rank{rank}"
+        rdir.mkdir(parents=True, exist_ok=True)
+        out = os.open(rdir / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        err = os.open(rdir / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        stack = os.open(rdir / "stack.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        keep = {0, 1, 2, sock.fileno(), stack, *keep_fds}
+        for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+            fd_i = int(fd)
+            if fd_i not in keep:
+                try:
+                    os.close(fd_i)
+                except OSError:
+                    pass
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        os.chdir(rdir)
+        faulthandler.register(signal.SIGUSR1, file=os.fdopen(stack, "w"), all_threads=True)
+        _set_limits(int(spec["timeout_s"]) + 5, spec.get("memory_mb"), 1024, 64)
+        _no_dump()
+        h = RankHarness(rank, world, sock, spec, workdir)
+        h.setup()
+        try:
+            h.load_candidate()
+        except BaseException as exc:  # noqa: BLE001
+            h.send({"type": "load_error", "error": _candidate_traceback(exc, spec["card"]["entry"]["file"]),
+                    "violations": h.guard.violations})
+        else:
+            h.send({"type": "ready", "rendezvous_s": h.rendezvous_s})
+            h.serve()
+    except EOFError:
+        code = 3
+    except BaseException:  # noqa: BLE001 - report harness failures on stderr, exit non-zero
+        traceback.print_exc()
+        code = 2
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+        os._exit(code)

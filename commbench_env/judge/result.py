@@ -1,0 +1,157 @@
+"""The judge's result: a versioned, typed record of one evaluation. Torch-free so the host can read it anywhere."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import Field
+
+from ..config import StrictModel
+
+SCHEMA_VERSION = "1.0"
+
+Mode = Literal["compile", "check", "benchmark", "profile", "full"]
+MODES: tuple[str, ...] = ("compile", "check", "benchmark", "profile", "full")
+
+
+class Verdict(str, Enum):
+    passed = "pass"
+    wrong_answer = "wrong_answer"
+    compile_error = "compile_error"
+    runtime_error = "runtime_error"
+    timeout = "timeout"
+    forbidden = "forbidden"
+    infra_error = "infra_error"
+    compiled = "compiled"  # mode=compile succeeded; nothing was run
+
+
+class Mismatch(StrictModel):
+    """The first wrong element: where it is and what was expected."""
+
+    case: str
+    rank: int
+    output: str
+    reason: Literal["value", "shape", "dtype", "type", "missing", "nan", "semantics", "input_mutated"]
+    index: list[int] = Field(default_factory=list)
+    expected: str = ""
+    got: str = ""
+    detail: str = ""
+    hidden: bool = False
+    wrong_count: int = 0
+    total_count: int = 0
+
+
+class Violation(StrictModel):
+    rule: str
+    detail: str
+    where: Literal["static", "runtime"]
+    line: int | None = None
+    rank: int | None = None
+
+
+class CompileReport(StrictModel):
+    ok: bool
+    log: str = ""
+    violations: list[Violation] = Field(default_factory=list)
+
+
+class CaseResult(StrictModel):
+    name: str
+    visible: bool
+    passed: bool
+    seconds: float = 0.0
+    error: str | None = None
+    mismatch: Mismatch | None = None
+
+
+class SizeResult(StrictModel):
+    """One benchmark size, nccl-tests style: time is the mean over iterations, max over ranks."""
+
+    size_bytes: int
+    dtype: str
+    count: int
+    iters: int
+    warmup: int
+    time_us: float
+    time_us_median: float
+    time_us_min: float
+    per_rank_mean_us: list[float]
+    algbw_gbps: float
+    busbw_gbps: float
+    tflops: float = 0.0
+    verified: bool = True
+    mismatch: Mismatch | None = None
+
+
+class ProfileRow(StrictModel):
+    name: str
+    kind: Literal["comm", "compute", "other"]
+    calls: int
+    total_us: float
+    mean_us: float
+
+
+class RankProfile(StrictModel):
+    rank: int
+    case: str
+    wall_us: float
+    comm_us: float
+    compute_us: float
+    rows: list[ProfileRow] = Field(default_factory=list)
+
+
+class RankStatus(StrictModel):
+    rank: int
+    state: Literal["ok", "exited_early", "crashed", "hung", "killed", "not_started", "error"]
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stack: str | None = None
+
+
+class Timings(StrictModel):
+    compile_s: float = 0.0
+    launch_s: float = 0.0
+    rendezvous_s: float = 0.0
+    load_s: float = 0.0
+    run_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+
+
+class JudgeResult(StrictModel):
+    schema_version: str = SCHEMA_VERSION
+    judge_version: str = ""
+    task_id: str
+    task_hash: str
+    source_hash: str = ""
+    mode: Mode
+    world_size: int
+    device_mode: str
+    verdict: Verdict
+    summary: str = ""
+    compile: CompileReport | None = None
+    cases: list[CaseResult] = Field(default_factory=list)
+    benchmark: list[SizeResult] = Field(default_factory=list)
+    profile: list[RankProfile] = Field(default_factory=list)
+    ranks: list[RankStatus] = Field(default_factory=list)
+    violations: list[Violation] = Field(default_factory=list)
+    timings: Timings = Field(default_factory=Timings)
+    hardware: dict = Field(default_factory=dict)
+
+    @property
+    def correct(self) -> bool:
+        """All cases ran and passed (only meaningful for modes that check)."""
+        return bool(self.cases) and all(c.passed for c in self.cases) and self.verdict == Verdict.passed
+
+    @property
+    def case_fraction(self) -> float:
+        return sum(c.passed for c in self.cases) / len(self.cases) if self.cases else 0.0
+
+    def feedback(self, max_chars: int = 6000) -> str:
+        """Text for the agent. Hidden cases are named by number only: their shapes are never revealed."""
+        from .feedback import render_feedback
+
+        return render_feedback(self, max_chars=max_chars)

@@ -1,0 +1,84 @@
+"""What candidate code may import and call. Shared by the static check and the runtime guard."""
+
+from __future__ import annotations
+
+ALLOWED_IMPORTS = frozenset({
+    "torch", "math", "typing", "dataclasses", "functools", "itertools", "collections", "__future__",
+    "operator", "enum", "abc", "numbers", "contextlib", "heapq", "bisect", "statistics",
+})
+
+# torch sub-packages that open side channels (files, processes, stores) or reach collectives by the back door.
+ALWAYS_FORBIDDEN = (
+    "torch.save", "torch.load", "torch.from_file", "torch.multiprocessing", "torch.hub", "torch.package",
+    "torch.utils.cpp_extension", "torch.utils.data", "torch.ops", "torch.library", "torch.classes",
+    "torch.distributed.TCPStore", "torch.distributed.FileStore", "torch.distributed.HashStore",
+    "torch.distributed.PrefixStore", "torch.distributed.Store", "torch.distributed.rpc",
+    "torch.distributed.init_process_group", "torch.distributed.destroy_process_group",
+    "torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
+    "torch.distributed.checkpoint", "torch.set_default_device",
+)
+ALWAYS_FORBIDDEN_ATTRS = frozenset({"share_memory_", "from_file", "untyped_storage", "_storage", "storage"})
+
+_COLLECTIVE_FUNCS = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
+    "broadcast_object_list", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
+    "all_reduce_coalesced", "barrier", "monitored_barrier",
+)
+# Routes to the same collectives through other packages.
+_COLLECTIVE_PACKAGES = (
+    "torch.distributed.nn", "torch.distributed.tensor", "torch.distributed.device_mesh",
+    "torch.distributed.fsdp", "torch.distributed.algorithms", "torch.nn.parallel", "torch.distributed.pipelining",
+)
+# ProcessGroup methods behind the functions above (pg.allreduce(...)).
+PROCESS_GROUP_COLLECTIVES = frozenset({
+    "allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced",
+    "reduce_scatter", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "broadcast", "barrier",
+    "reduce", "gather", "scatter", "monitored_barrier",
+})
+
+PRESETS: dict[str, tuple[str, ...]] = {
+    "@collectives": tuple(f"torch.distributed.{f}" for f in _COLLECTIVE_FUNCS) + _COLLECTIVE_PACKAGES,
+    "@p2p": ("torch.distributed.send", "torch.distributed.recv", "torch.distributed.isend",
+             "torch.distributed.irecv", "torch.distributed.batch_isend_irecv", "torch.distributed.P2POp"),
+}
+
+FORBIDDEN_BUILTINS = frozenset({
+    "open", "exec", "eval", "compile", "__import__", "globals", "locals", "vars", "breakpoint", "input",
+    "setattr", "delattr", "exit", "quit", "help", "memoryview",
+})
+
+
+def normalize(dotted: str) -> str:
+    """torch.distributed.distributed_c10d.X and similar aliases are the same API as torch.distributed.X."""
+    for alias in ("torch.distributed.distributed_c10d.", "torch.distributed.c10d."):
+        if dotted.startswith(alias):
+            return "torch.distributed." + dotted[len(alias):]
+    return dotted
+
+
+def expand_forbidden(names: list[str] | tuple[str, ...]) -> tuple[set[str], set[str]]:
+    """(dotted names, bare ProcessGroup method names) forbidden by a card, with presets and the fixed list."""
+    dotted: set[str] = set(ALWAYS_FORBIDDEN)
+    attrs: set[str] = set(ALWAYS_FORBIDDEN_ATTRS)
+    for n in names:
+        if n.startswith("@"):
+            if n not in PRESETS:
+                raise ValueError(f"unknown preset {n!r}; known: {', '.join(PRESETS)}")
+            dotted.update(PRESETS[n])
+            if n == "@collectives":
+                attrs.update(PROCESS_GROUP_COLLECTIVES)
+        else:
+            dotted.add(normalize(n))
+            leaf = n.rsplit(".", 1)[-1]
+            if n.startswith("torch.distributed.") and leaf.replace("_", "") in {a.replace("_", "") for a in PROCESS_GROUP_COLLECTIVES}:
+                attrs.update(a for a in PROCESS_GROUP_COLLECTIVES if a.replace("_", "") == leaf.replace("_", ""))
+    return dotted, attrs
+
+
+def is_forbidden(dotted: str, forbidden: set[str]) -> str | None:
+    d = normalize(dotted)
+    for f in forbidden:
+        if d == f or d.startswith(f + "."):
+            return f
+    return None
