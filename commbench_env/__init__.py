@@ -1,3 +1,18 @@
-"""CommBench-Env: a Gymnasium environment for multi-GPU communication code written by LLM agents."""
+"""CommBench-Env: a Gymnasium environment for multi-GPU communication code written by LLM agents.
+
+Importing the package registers `CommBench-v0`:
+
+    env = gymnasium.make("CommBench-v0", task="collective/allreduce_ring", sandbox="local-cpu", max_turns=4)
+"""
 
 __version__ = "0.1.0"
+
+
+def _register() -> None:
+    import gymnasium
+
+    if "CommBench-v0" not in gymnasium.registry:
+        gymnasium.register(id="CommBench-v0", entry_point="commbench_env.env:CommBenchEnv", nondeterministic=True)
+
+
+_register()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import shutil
 import signal
 import socket
 import statistics
@@ -484,6 +485,8 @@ class Evaluation:
                 if r.profile:
                     parts.append(f"profiled {len(r.profile)} ranks")
                 r.summary = "; ".join(parts) or "ok"
+        if self.req.cleanup:
+            shutil.rmtree(self.workdir, ignore_errors=True)
         self.timings.total_s = time.monotonic() - self.t_start
         r.timings = self.timings
         return r

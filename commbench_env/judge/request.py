@@ -23,3 +23,4 @@ class JudgeRequest(StrictModel):
     threads_per_rank: int | None = None
     static_check: bool = Field(default=True, description="tests turn this off to prove the runtime layer alone")
     max_output_chars: int = 4000
+    cleanup: bool = Field(default=True, description="remove the evaluation folder afterwards (fresh dirs, no state)")

@@ -1,0 +1,277 @@
+"""The `commbench` command line: one verb per job."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import CommBenchError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="CommBench-Env: LLM agents writing multi-GPU communication code, judged in sandboxes.")
+trace_app = typer.Typer(no_args_is_help=True, help="Inspect episode traces.")
+app.add_typer(trace_app, name="trace")
+console = Console()
+err = Console(stderr=True)
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(2)
+
+
+def _fmt(x: Optional[float], spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+@app.command("tasks")
+def tasks_cmd(category: Optional[str] = typer.Option(None, help="p2p | collective | ep | fusion | utility"),
+              difficulty: Optional[str] = typer.Option(None, help="easy | medium | hard"),
+              language: Optional[str] = typer.Option(None, help="torch | cuda | triton"),
+              device_mode: Optional[str] = typer.Option(None, "--device-mode", help="cpu | cuda | cuda-shared"),
+              as_json: bool = typer.Option(False, "--json", help="machine-readable list")) -> None:
+    """List tasks, with filters."""
+    from .cards import select_tasks
+
+    try:
+        tasks = select_tasks("all", category=category, difficulty=difficulty, language=language, device_mode=device_mode)
+    except CommBenchError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps([{"id": t.id, "title": t.card.title, "category": t.card.category.value,
+                           "difficulty": t.card.difficulty.value, "language": t.card.language.value,
+                           "device_modes": [m.value for m in t.card.world.device_modes], "hash": t.hash}
+                          for t in tasks], indent=1))
+        return
+    table = Table(title=f"{len(tasks)} tasks")
+    for col in ("id", "title", "category", "difficulty", "language", "world", "device modes"):
+        table.add_column(col)
+    for t in tasks:
+        c = t.card
+        table.add_row(t.id, c.title, c.category.value, c.difficulty.value, c.language.value,
+                      ",".join(map(str, c.world.sizes)), ",".join(m.value for m in c.world.device_modes))
+    console.print(table)
+
+
+@app.command("show")
+def show_cmd(task: str = typer.Argument(..., help="task id, e.g. collective/allreduce_ring")) -> None:
+    """Print exactly what the agent sees for a task."""
+    from .cards import load_task
+
+    try:
+        print(load_task(task).agent_view())
+    except CommBenchError as exc:
+        _fail(exc)
+
+
+@app.command("judge")
+def judge_cmd(task: str = typer.Argument(..., help="task id"),
+              file: Optional[Path] = typer.Argument(None, help="candidate file (default: the task's reference)"),
+              mode: str = typer.Option("check", help="compile | check | benchmark | profile | full"),
+              world: Optional[int] = typer.Option(None, help="world size (default: the card's)"),
+              sandbox: str = typer.Option("local-cpu", help="sandbox profile"),
+              as_json: bool = typer.Option(False, "--json", help="print the whole JudgeResult as JSON")) -> None:
+    """Judge one file once and print the feedback (or the JudgeResult)."""
+    from .cards import load_task
+    from .judge.client import JudgeClient
+    from .judge.result import MODES
+    from .sandbox import open_sandbox
+
+    if mode not in MODES:
+        _fail(CommBenchError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}"))
+    try:
+        t = load_task(task)
+        source = file.read_text() if file else t.reference_source()
+        w = world or t.card.world.default_size
+        with open_sandbox(sandbox) as sb:
+            client = JudgeClient(sb)
+            try:
+                res = client.evaluate(t, {t.card.entry.file: source}, mode, w)  # type: ignore[arg-type]
+            finally:
+                client.close()
+    except (CommBenchError, OSError) as exc:
+        _fail(exc)
+    if as_json:
+        print(res.model_dump_json(indent=1))
+    else:
+        print(res.feedback(max_chars=20000))
+    raise typer.Exit(0 if res.verdict.value in ("pass", "compiled") else 1)
+
+
+@app.command("run")
+def run_cmd(tasks: str = typer.Option("smoke", help="selector: smoke | all | a category | ids, comma-separated, globs"),
+            agent: str = typer.Option("reference", help="agent card name or path"),
+            sandbox: str = typer.Option("local-cpu", help="sandbox profile"),
+            world: Optional[int] = typer.Option(None, help="world size where a task allows it (default: each card's)"),
+            max_turns: Optional[int] = typer.Option(None, "--max-turns", help="turn budget (default: the agent card's)"),
+            out: Optional[Path] = typer.Option(None, help="run folder for traces and results (default: runs/<time>)")) -> None:
+    """Play episodes of an agent on tasks and print verdicts, bandwidth and rewards."""
+    from .agents import load_agent_card
+    from .cards import select_tasks
+    from .runner import run_tasks
+
+    try:
+        selected = select_tasks(tasks)
+        card = load_agent_card(agent)
+    except CommBenchError as exc:
+        _fail(exc)
+    if not selected:
+        _fail(CommBenchError(f"no task matches {tasks!r}"))
+    out = out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    console.print(f"[bold]{len(selected)} episode(s)[/] agent [cyan]{card.name}[/], sandbox [cyan]{sandbox}[/], "
+                  f"traces in {out / 'traces'}")
+    t0 = time.monotonic()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        overall = progress.add_task("episodes", total=len(selected))
+        turn_bar = progress.add_task("", total=None)
+
+        def start(task) -> None:
+            progress.update(turn_bar, description=f"  {task.id}: resetting", completed=0)
+
+        def turn(n: int, info: dict) -> None:
+            progress.update(turn_bar, description=f"  {info['task_id']}: turn {n} {info.get('tool', '?')} -> "
+                                                  f"{info.get('verdict') or 'no verdict'}")
+
+        def end(summary) -> None:
+            progress.advance(overall)
+
+        try:
+            results = run_tasks(selected, card, sandbox=sandbox, world=world, max_turns=max_turns, out_dir=out,
+                                on_episode_start=start, on_turn=turn, on_episode_end=end)
+        except CommBenchError as exc:
+            _fail(exc)
+        progress.update(turn_bar, visible=False)
+    table = Table(title="episodes")
+    for col in ("task", "world", "turns", "verdict", "busbw GB/s", "size", "speedup", "band", "reward"):
+        table.add_column(col, justify="right" if col not in ("task", "verdict", "band") else "left")
+    for r in results:
+        table.add_row(r.task_id, str(r.world_size), str(r.turns), r.verdict or "-", _fmt(r.busbw_gbps),
+                      "-" if r.size_bytes is None else f"{r.size_bytes}", _fmt(r.speedup, ".2f"), r.band or "-",
+                      f"{r.reward:.3f}")
+    console.print(table)
+    passed = sum(r.correct for r in results)
+    console.print(f"[bold]summary:[/] {len(results)} episodes, pass rate {passed}/{len(results)}, mean reward "
+                  f"{statistics.mean(r.reward for r in results):.3f}, {time.monotonic() - t0:.1f} s")
+    (out / "results.jsonl").write_text("".join(json.dumps(r.as_dict()) + "\n" for r in results))
+    console.print(f"results: {out / 'results.jsonl'}")
+
+
+@app.command("validate")
+def validate_cmd(tasks: str = typer.Option("all", help="task selector"),
+                 worlds: str = typer.Option("2,4", help="world sizes to check, where each task allows them"),
+                 sandbox: str = typer.Option("local-cpu", help="sandbox profile"),
+                 mode: str = typer.Option("check", help="check | full")) -> None:
+    """Load every card and run every reference through the judge: all must pass."""
+    from .cards import select_tasks
+    from .judge.client import JudgeClient
+    from .sandbox import open_sandbox
+
+    try:
+        selected = select_tasks(tasks)
+    except CommBenchError as exc:
+        _fail(exc)
+    sizes = [int(w) for w in worlds.split(",") if w.strip()]
+    failures = 0
+    table = Table(title="references")
+    for col in ("task", "world", "verdict", "seconds"):
+        table.add_column(col)
+    with open_sandbox(sandbox) as sb, Progress(console=console, transient=True) as progress:
+        client = JudgeClient(sb)
+        bar = progress.add_task("validating", total=len(selected) * len(sizes))
+        for t in selected:
+            for w in sizes:
+                progress.advance(bar)
+                if w not in t.card.world.sizes:
+                    continue
+                res = client.evaluate(t, {t.card.entry.file: t.reference_source()}, mode, w)  # type: ignore[arg-type]
+                ok = res.verdict.value == "pass"
+                failures += not ok
+                table.add_row(t.id, str(w), res.verdict.value if ok else f"[red]{res.verdict.value}: {res.summary[:80]}[/]",
+                              f"{res.timings.total_s:.2f}")
+        client.close()
+    console.print(table)
+    if failures:
+        err.print(f"[bold red]{failures} reference run(s) failed[/]")
+        raise typer.Exit(1)
+
+
+@trace_app.command("show")
+def trace_show(path: Path = typer.Argument(..., help="a trace .jsonl file"),
+               source: bool = typer.Option(False, help="print the code of every turn too")) -> None:
+    """Print a readable turn-by-turn summary of a trace."""
+    from .trace import format_trace, read_trace
+
+    try:
+        print(format_trace(read_trace(path), show_source=source))
+    except (OSError, ValueError) as exc:
+        _fail(exc)
+
+
+@trace_app.command("list")
+def trace_list(folder: Path = typer.Argument(..., help="a run folder or a traces folder")) -> None:
+    """List the traces in a folder with task, turns, verdict and reward."""
+    from .trace import read_trace
+
+    files = sorted(folder.rglob("*.jsonl"))
+    table = Table(title=f"{len(files)} files")
+    for col in ("trace", "task", "turns", "verdict", "reward"):
+        table.add_column(col)
+    for f in files:
+        try:
+            t = read_trace(f)
+        except (OSError, ValueError):
+            continue
+        e = t.end or {}
+        table.add_row(f.name, t.task_id, str(len(t.steps)), str(e.get("final_verdict", "unfinished")),
+                      _fmt(e.get("reward")))
+    console.print(table)
+
+
+@app.command("sandboxes")
+def sandboxes_cmd() -> None:
+    """List sandbox profiles."""
+    from .sandbox import list_profiles, load_profile
+
+    table = Table(title="sandbox profiles")
+    for col in ("name", "backend", "device mode", "description"):
+        table.add_column(col)
+    for name in list_profiles():
+        try:
+            p = load_profile(name)
+            table.add_row(p.name, p.backend, p.device_mode, p.description)
+        except CommBenchError as exc:
+            table.add_row(name, "[red]invalid[/]", "", str(exc).splitlines()[-1])
+    console.print(table)
+
+
+@app.command("agents")
+def agents_cmd() -> None:
+    """List agent cards."""
+    from .agents import list_agent_cards, load_agent_card
+
+    table = Table(title="agent cards")
+    for col in ("name", "kind", "max turns", "description"):
+        table.add_column(col)
+    for name in list_agent_cards():
+        c = load_agent_card(name)
+        table.add_row(c.name, c.kind, str(c.max_turns or "-"), c.description)
+    console.print(table)
+
+
+def main() -> None:  # pragma: no cover
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

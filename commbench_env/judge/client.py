@@ -1,0 +1,90 @@
+"""Host side of the judge: puts candidate files into a sandbox, runs the judge there, reads its result.
+
+The request (with the secret seed and hidden cases) travels on the judge's stdin; the result comes back on the
+judge's stdout after a marker. Candidate processes have neither: their output goes to files the judge reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import uuid
+from collections.abc import Mapping
+
+from ..cards import Task
+from ..errors import JudgeInfraError, SandboxError
+from ..sandbox import Sandbox
+from .request import JudgeRequest
+from .result import JudgeResult, Mode
+from .server import RESULT_MARK
+
+# Seconds the judge may take beyond the task's own time limit (process start, verification, clean-up).
+JUDGE_MARGIN_S = 60.0
+
+
+def source_hash(files: Mapping[str, str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+class JudgeClient:
+    """Runs evaluations in one sandbox. Starts a warm judge server lazily when the profile asks for one."""
+
+    def __init__(self, sandbox: Sandbox):
+        self.sandbox = sandbox
+        self._server_socket: str | None = None
+
+    def _ensure_server(self) -> str | None:
+        if not self.sandbox.profile.warm_server:
+            return None
+        sock = os.path.join(self.sandbox.workdir, "judge.sock")
+        if self._server_socket == sock:
+            return sock
+        res = self.sandbox.exec([self.sandbox.python, "-m", "commbench_env.judge", "serve", "--socket", sock,
+                                 "--owner-pid", str(os.getpid())], timeout=120)
+        if res.returncode != 0:
+            raise JudgeInfraError(f"the judge server did not start in the sandbox (exit {res.returncode}):\n"
+                                  f"{res.stderr[-2000:]}")
+        self._server_socket = sock
+        return sock
+
+    def evaluate(self, task: Task, files: Mapping[str, str], mode: Mode, world_size: int, *,
+                 device_mode: str | None = None, secret: bytes | None = None, static_check: bool = True,
+                 timeout_s: float | None = None) -> JudgeResult:
+        """Judge `files` for `task`. Raises JudgeInfraError when the judge itself fails (never the agent's fault)."""
+        eval_dir = os.path.join(self.sandbox.workdir, "evals", uuid.uuid4().hex[:12])
+        self.sandbox.write_files(dict(files), base=os.path.join(eval_dir, "candidate"))
+        prof = self.sandbox.profile
+        req = JudgeRequest(task=task.judge_spec(), mode=mode, world_size=world_size,
+                           device_mode=device_mode or prof.device_mode,
+                           secret=(secret or secrets.token_bytes(32)).hex(), workdir=eval_dir,
+                           source_hash=source_hash(files), timeout_s=timeout_s, memory_mb=prof.limits.memory_mb,
+                           threads_per_rank=prof.threads_per_rank, static_check=static_check)
+        limit = (timeout_s or task.card.limits.timeout_s) + JUDGE_MARGIN_S
+        cmd = [self.sandbox.python, "-m", "commbench_env.judge", "run", "--timeout", str(limit)]
+        try:
+            server = self._ensure_server()
+        except SandboxError:
+            raise
+        if server:
+            cmd += ["--server", server]
+        res = self.sandbox.exec(cmd, timeout=limit, input=req.model_dump_json().encode())
+        for line in reversed(res.stdout.splitlines()):
+            if line.startswith(RESULT_MARK):
+                result = JudgeResult.model_validate_json(line[len(RESULT_MARK):])
+                result.hardware = self.sandbox.hardware().model_dump()
+                return result
+        why = "timed out" if res.timed_out else f"exited with code {res.returncode}"
+        raise JudgeInfraError(f"the judge {why} without a result:\n{res.stderr[-3000:]}")
+
+    def close(self) -> None:
+        if self._server_socket and self.sandbox.alive:
+            try:
+                self.sandbox.exec([self.sandbox.python, "-m", "commbench_env.judge", "stop", "--socket",
+                                   self._server_socket], timeout=30)
+            except SandboxError:
+                pass
+        self._server_socket = None

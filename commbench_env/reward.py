@@ -1,0 +1,94 @@
+"""Reward: a pure function of a JudgeResult and reference figures measured on the same hardware.
+
+    reward = 0                                              if not correct (plus optional shaping credit)
+    reward = w_c + (1 - w_c) * perf_score                   if correct
+    perf_score = clip(1 + log(speedup) / log(speed_floor), 0, 1)
+    speedup = geometric mean over benchmark sizes of t_reference / t_candidate
+
+With the defaults (w_c = 0.5, speed_floor = 8): as fast as the reference or faster -> 1.0; half as fast -> 0.83;
+8x slower or worse -> 0.5; wrong -> 0. Bounded in [0, 1], monotonic in correctness and in bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field
+
+from .config import StrictModel
+from .judge.result import JudgeResult, SizeResult, Verdict
+
+Band = Literal["better", "on_par", "degraded", "severely_degraded"]
+
+
+class RewardConfig(StrictModel):
+    correctness_weight: float = Field(default=0.5, ge=0, le=1, description="reward of a correct but slowest solution")
+    speed_floor: float = Field(default=8.0, gt=1, description="slowdown at which the performance part reaches 0")
+    compile_credit: float = Field(default=0.0, ge=0, le=1, description="shaping: reward of incorrect code that compiles")
+    case_credit: float = Field(default=0.0, ge=0, le=1, description="shaping: reward per fraction of cases passed")
+    better_above: float = Field(default=0.05, description="relative gain over the reference counted as 'better'")
+    on_par_within: float = Field(default=0.05, description="|relative change| counted as 'on_par'")
+    severe_below: float = Field(default=-0.40, description="relative change below which it is 'severely_degraded'")
+
+
+class SizeComparison(StrictModel):
+    size_bytes: int
+    candidate_us: float
+    reference_us: float
+    speedup: float
+
+
+class RewardBreakdown(StrictModel):
+    reward: float
+    correct: bool
+    compiled: bool
+    case_fraction: float
+    speedup: float | None = None
+    perf_score: float | None = None
+    band: Band | None = None
+    sizes: list[SizeComparison] = Field(default_factory=list)
+    note: str = ""
+
+
+def speedup_vs_reference(candidate: list[SizeResult], reference: list[SizeResult]) -> tuple[float | None, list[SizeComparison]]:
+    ref = {s.size_bytes: s for s in reference}
+    rows = [SizeComparison(size_bytes=c.size_bytes, candidate_us=c.time_us, reference_us=ref[c.size_bytes].time_us,
+                           speedup=ref[c.size_bytes].time_us / c.time_us)
+            for c in candidate if c.size_bytes in ref and c.time_us > 0 and ref[c.size_bytes].time_us > 0]
+    if not rows:
+        return None, rows
+    return math.exp(sum(math.log(r.speedup) for r in rows) / len(rows)), rows
+
+
+def band_of(speedup: float, cfg: RewardConfig) -> Band:
+    """The anchor benchmark's per-task verdict from the relative performance change."""
+    change = speedup - 1.0
+    if change > cfg.better_above:
+        return "better"
+    if abs(change) <= cfg.on_par_within:
+        return "on_par"
+    if change >= cfg.severe_below:
+        return "degraded"
+    return "severely_degraded"
+
+
+def compute_reward(result: JudgeResult, reference: list[SizeResult] | None, cfg: RewardConfig | None = None) -> RewardBreakdown:
+    cfg = cfg or RewardConfig()
+    compiled = result.verdict not in (Verdict.compile_error, Verdict.forbidden)
+    correct = result.correct and all(s.verified for s in result.benchmark)
+    if result.verdict == Verdict.forbidden:
+        return RewardBreakdown(reward=0.0, correct=False, compiled=False, case_fraction=result.case_fraction,
+                               note="rule violation: scored zero")
+    if not correct:
+        shaped = (cfg.compile_credit if compiled else 0.0) + cfg.case_credit * result.case_fraction
+        return RewardBreakdown(reward=min(shaped, cfg.correctness_weight), correct=False, compiled=compiled,
+                               case_fraction=result.case_fraction, note=f"not correct ({result.verdict.value})")
+    speedup, rows = speedup_vs_reference(result.benchmark, reference or [])
+    if speedup is None:
+        return RewardBreakdown(reward=cfg.correctness_weight, correct=True, compiled=True, case_fraction=1.0,
+                               note="correct; no reference figures to compare speed with")
+    perf = min(1.0, max(0.0, 1.0 + math.log(speedup) / math.log(cfg.speed_floor)))
+    return RewardBreakdown(reward=cfg.correctness_weight + (1 - cfg.correctness_weight) * perf, correct=True,
+                           compiled=True, case_fraction=1.0, speedup=speedup, perf_score=perf,
+                           band=band_of(speedup, cfg), sizes=rows)

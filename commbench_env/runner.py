@@ -1,0 +1,96 @@
+"""Play episodes: one agent, a list of tasks, one sandbox; summaries for tables and reports."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .agents import Agent, AgentCard, load_agent, load_agent_card
+from .cards import Task
+from .env import CommBenchEnv
+from .reward import RewardConfig
+
+
+@dataclass
+class EpisodeSummary:
+    task_id: str
+    agent: str
+    world_size: int
+    turns: int
+    reward: float
+    verdict: str | None
+    correct: bool
+    speedup: float | None
+    band: str | None
+    busbw_gbps: float | None
+    size_bytes: int | None
+    trace_path: str
+    duration_s: float
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def play_episode(env: CommBenchEnv, agent: Agent, *, options: dict[str, Any] | None = None, seed: int | None = None,
+                 on_turn: Callable[[int, dict[str, Any]], None] | None = None) -> EpisodeSummary:
+    t0 = time.monotonic()
+    obs, info = env.reset(seed=seed, options=options)
+    agent.reset(obs, info)
+    reward, last: dict[str, Any] = 0.0, {}
+    terminated = truncated = False
+    while not (terminated or truncated):
+        action = agent.act(obs, info)
+        obs, reward, terminated, truncated, info = env.step(action)
+        last = info
+        if on_turn:
+            on_turn(info["turn"], info)
+    parts = last.get("reward_parts") or {}
+    jr = last.get("judge_result") or {}
+    bench = jr.get("benchmark") or []
+    return EpisodeSummary(task_id=env.task.id, agent=agent.name, world_size=env.world_size, turns=env.turn,
+                          reward=float(reward), verdict=last.get("verdict"), correct=bool(parts.get("correct")),
+                          speedup=parts.get("speedup"), band=parts.get("band"),
+                          busbw_gbps=bench[-1]["busbw_gbps"] if bench else None,
+                          size_bytes=bench[-1]["size_bytes"] if bench else None,
+                          trace_path=str(env.trace_path), duration_s=time.monotonic() - t0)
+
+
+def pick_world(task: Task, requested: int | None) -> int:
+    """The requested world size where the task allows it, else the task's default."""
+    if requested is not None and requested in task.card.world.sizes:
+        return requested
+    return task.card.world.default_size
+
+
+def run_tasks(tasks: list[Task], agent_card: AgentCard | str, *, sandbox: str = "local-cpu", world: int | None = None,
+              max_turns: int | None = None, out_dir: Path | None = None, reward: RewardConfig | None = None,
+              on_episode_start: Callable[[Task], None] | None = None,
+              on_turn: Callable[[int, dict[str, Any]], None] | None = None,
+              on_episode_end: Callable[[EpisodeSummary], None] | None = None) -> list[EpisodeSummary]:
+    """Play one episode per task with one env (one sandbox, one warm judge) for the whole list."""
+    card = agent_card if isinstance(agent_card, AgentCard) else load_agent_card(agent_card)
+    turns = max_turns or card.max_turns or 8
+    out: list[EpisodeSummary] = []
+    if not tasks:
+        return out
+    env = CommBenchEnv(task=tasks[0], sandbox=sandbox, max_turns=turns, world_size=pick_world(tasks[0], world),
+                       reward=reward, agent=card.model_dump(),
+                       trace_dir=str(out_dir / "traces") if out_dir else None)
+    agent = load_agent(card)
+    try:
+        for task in tasks:
+            if on_episode_start:
+                on_episode_start(task)
+            summary = play_episode(env, agent, options={"task": task.id, "world_size": pick_world(task, world)},
+                                   on_turn=on_turn)
+            out.append(summary)
+            if on_episode_end:
+                on_episode_end(summary)
+    finally:
+        agent.close()
+        env.close()
+    return out
