@@ -76,18 +76,23 @@ def _tripwire(name: str, guard: Guard) -> Callable[..., Any]:
 
 
 def install_tripwires(forbidden: set[str], forbidden_attrs: set[str], guard: Guard) -> None:
-    """Replace forbidden torch.distributed functions and ProcessGroup methods by tripwires."""
+    """Replace forbidden functions (torch.save, torch.distributed.all_reduce, ...) and ProcessGroup methods by
+    tripwires. torch.save writes through C++, out of the audit hook's sight, so it needs a tripwire of its own."""
+    import importlib
+
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     for dotted in forbidden:
-        if not dotted.startswith("torch.distributed."):
-            continue
-        leaf = dotted[len("torch.distributed."):]
-        if "." in leaf:
-            continue
-        for mod in (dist, c10d):
-            if hasattr(mod, leaf) and callable(getattr(mod, leaf)):
+        module_name, _, leaf = dotted.rpartition(".")
+        owners = [dist, c10d] if module_name == "torch.distributed" else []
+        if not owners:
+            try:
+                owners = [importlib.import_module(module_name)]
+            except ImportError:
+                continue
+        for mod in owners:
+            if callable(getattr(mod, leaf, None)) and not isinstance(getattr(mod, leaf), type):
                 setattr(mod, leaf, _tripwire(dotted, guard))
     pg_attrs = forbidden_attrs & PROCESS_GROUP_COLLECTIVES
     for cls in (getattr(dist, "ProcessGroup", None), getattr(c10d, "ProcessGroupGloo", None)):

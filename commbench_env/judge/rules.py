@@ -17,7 +17,9 @@ ALWAYS_FORBIDDEN = (
     "torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
     "torch.distributed.checkpoint", "torch.set_default_device",
 )
-ALWAYS_FORBIDDEN_ATTRS = frozenset({"share_memory_", "from_file", "untyped_storage", "_storage", "storage"})
+# Methods that write or map files from C code, where no audit hook sees them.
+ALWAYS_FORBIDDEN_ATTRS = frozenset({"share_memory_", "from_file", "untyped_storage", "_storage", "storage",
+                                    "tofile", "fromfile", "memmap", "numpy"})
 
 _COLLECTIVE_FUNCS = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced",

@@ -1,0 +1,135 @@
+"""Every cheating submission in tests/attacks/ must score zero, through the real judge and real rank processes."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+
+from commbench_env.judge.result import Verdict
+from commbench_env.reward import compute_reward
+
+from .conftest import ATTACKS
+
+TASK = "collective/allreduce_ring"
+
+# Valid Python that the static check lets through: the judge's semantics must catch them.
+SEMANTIC = {
+    "fake_success_print": "wrong_answer",
+    "visible_only": "wrong_answer",
+    "return_input": "wrong_answer",
+    "unwritten_buffer": "wrong_answer",
+    "mutate_inputs": "wrong_answer",
+    "local_only": "wrong_answer",
+    "cache_outputs": "wrong_answer",
+    "runtime_exit_early": "runtime_error",
+}
+ALL_FILES = sorted(p.stem for p in ATTACKS.glob("*.py"))
+STATIC = [n for n in ALL_FILES if n not in SEMANTIC]
+
+
+def test_attack_folder_is_complete():
+    assert len(ALL_FILES) >= 20
+    for name in ("patch_verification", "patch_timing", "fake_success_print", "exit_early", "cache_outputs",
+                 "visible_only", "forbidden_alias", "runtime_forbidden_getattr", "runtime_file_channel",
+                 "runtime_shared_memory", "sigterm_sleep", "return_input", "unwritten_buffer", "mutate_inputs",
+                 "local_only"):
+        assert name in ALL_FILES
+
+
+@pytest.mark.parametrize("name", STATIC)
+def test_static_check_flags(evaluate, name):
+    res = evaluate(TASK, ATTACKS / f"{name}.py", mode="full")
+    assert res.verdict == Verdict.forbidden, res.feedback()
+    assert res.violations and res.violations[0].where == "static" and res.violations[0].line
+    assert not res.ranks, "a statically rejected submission must never be run"
+    assert compute_reward(res, None).reward == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(SEMANTIC))
+def test_semantic_attacks_score_zero(evaluate, name):
+    res = evaluate(TASK, ATTACKS / f"{name}.py", mode="full")
+    assert res.verdict.value == SEMANTIC[name], res.feedback()
+    assert compute_reward(res, None).reward == 0.0
+    failed = [c for c in res.cases if not c.passed]
+    bad_sizes = [s for s in res.benchmark if not s.verified]
+    assert failed or bad_sizes
+    if SEMANTIC[name] == "wrong_answer":
+        m = failed[0].mismatch if failed else bad_sizes[0].mismatch
+        assert m is not None and m.rank >= 0
+
+
+def test_cache_attack_caught_in_timed_iterations(evaluate):
+    res = evaluate(TASK, ATTACKS / "cache_outputs.py", mode="full")
+    assert all(c.passed for c in res.cases), "one call per case: the cache is never hit in check mode"
+    assert res.benchmark and not res.benchmark[0].verified
+    assert "timed iteration" in res.benchmark[0].mismatch.detail
+
+
+def test_mutated_inputs_are_named(evaluate):
+    res = evaluate(TASK, ATTACKS / "mutate_inputs.py", mode="check")
+    m = next(c.mismatch for c in res.cases if not c.passed)
+    assert m.reason == "input_mutated" and m.output == "x"
+
+
+def test_fake_print_is_only_feedback(evaluate):
+    res = evaluate(TASK, ATTACKS / "fake_success_print.py", mode="check")
+    assert res.verdict == Verdict.wrong_answer
+    assert "COMMBENCH-RESULT" in res.ranks[0].stdout  # returned to the agent as its own output, never parsed
+
+
+# --- the run-time layer on its own (static check switched off by the host, as only tests can) ------------------
+RUNTIME_FORBIDDEN = ["runtime_forbidden_getattr", "runtime_forbidden_process_group", "runtime_file_channel",
+                     "runtime_shared_memory", "runtime_socket_channel", "runtime_subprocess",
+                     "runtime_introspect_harness"]
+
+
+@pytest.mark.parametrize("name", RUNTIME_FORBIDDEN)
+def test_runtime_guard_alone(evaluate, name):
+    res = evaluate(TASK, ATTACKS / f"{name}.py", mode="check", static_check=False)
+    assert res.verdict == Verdict.forbidden, res.feedback()
+    assert any(v.where == "runtime" for v in res.violations)
+    assert compute_reward(res, None).reward == 0.0
+
+
+def test_runtime_verification_patch_has_no_effect(evaluate):
+    res = evaluate(TASK, ATTACKS / "runtime_patch_verification.py", mode="check", static_check=False)
+    assert res.verdict == Verdict.wrong_answer
+
+
+def test_exit_early_is_not_success(evaluate):
+    res = evaluate(TASK, ATTACKS / "runtime_exit_early.py", mode="check")
+    assert res.verdict == Verdict.runtime_error
+    assert "SystemExit" in res.summary
+
+
+def test_runtime_clock_patch_does_not_change_timing(evaluate):
+    cheat = evaluate(TASK, ATTACKS / "runtime_patch_timing.py", mode="benchmark", static_check=False)
+    honest = evaluate(TASK, (ATTACKS / "runtime_patch_timing.py").read_text().replace("time.perf_counter", "time.process_time")
+                      .replace("time.monotonic_ns = lambda: 0", ""), mode="benchmark", static_check=False)
+    assert cheat.verdict == Verdict.passed and honest.verdict == Verdict.passed
+    for c, h in zip(cheat.benchmark, honest.benchmark):
+        assert c.time_us > 1.0, "the harness clock must not be the patched one"
+        assert 0.1 < c.time_us / h.time_us < 10
+
+
+def test_sigterm_ignoring_sleep_is_killed_at_the_limit(evaluate):
+    t0 = time.monotonic()
+    res = evaluate(TASK, ATTACKS / "runtime_sigterm_sleep.py", mode="check", static_check=False, timeout_s=3)
+    elapsed = time.monotonic() - t0
+    assert res.verdict == Verdict.timeout
+    assert "did not finish" in res.summary and "0" in res.summary and "1" in res.summary
+    assert elapsed < 3 + 8
+    assert all(r.state == "hung" for r in res.ranks)
+    assert any("sleep" in (r.stack or "") or "all_reduce" in (r.stack or "") for r in res.ranks)
+
+
+def test_secret_seed_is_unreachable(evaluate):
+    secret = secrets.token_bytes(32)
+    res = evaluate(TASK, ATTACKS / "runtime_read_secrets.py", mode="check", static_check=False, secret=secret)
+    out = "".join(r.stdout + r.stderr for r in res.ranks)
+    assert "parent" in out  # the attack ran and printed what it could see
+    assert secret.hex() not in out
+    assert "refused" in out  # the coordinator's /proc entries are closed to the candidate
+    assert res.verdict == Verdict.forbidden  # and the attempt is recorded
