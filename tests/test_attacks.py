@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_fake_print_is_only_feedback(evaluate):
 
 
 # --- the run-time layer on its own (static check switched off by the host, as only tests can) ------------------
-RUNTIME_FORBIDDEN = ["runtime_forbidden_getattr", "runtime_forbidden_process_group", "runtime_file_channel",
+RUNTIME_FORBIDDEN = ["runtime_numpy_file_channel", "runtime_forbidden_getattr", "runtime_forbidden_process_group", "runtime_file_channel",
                      "runtime_shared_memory", "runtime_socket_channel", "runtime_subprocess",
                      "runtime_introspect_harness"]
 
@@ -133,3 +134,21 @@ def test_secret_seed_is_unreachable(evaluate):
     assert secret.hex() not in out
     assert "refused" in out  # the coordinator's /proc entries are closed to the candidate
     assert res.verdict == Verdict.forbidden  # and the attempt is recorded
+
+
+def test_ranks_cannot_read_the_repository(evaluate):
+    """The reference solution lies in the repository on a local host; ranks must not be able to read it."""
+    ref = Path(__file__).resolve().parent.parent / "tasks" / "collective" / "allreduce_ring" / "reference.py"
+    source = f"""
+import torch
+TEXT = open({str(ref)!r}).read()
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+"""
+    res = evaluate(TASK, source, mode="check", static_check=False)
+    if not res.isolation.get("landlock_abi"):
+        pytest.skip("this kernel has no Landlock; the docker backend isolates files there")
+    assert res.verdict == Verdict.forbidden
+    assert "denied" in res.summary or "denied" in res.feedback()

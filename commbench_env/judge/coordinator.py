@@ -103,7 +103,8 @@ class Evaluation:
         t0 = time.monotonic()
         spec = {"card": self.card.model_dump(mode="json"), "timeout_s": self.timeout_s,
                 "memory_mb": self.req.memory_mb or self.card.limits.memory_mb,
-                "threads_per_rank": self.req.threads_per_rank or max(1, (os.cpu_count() or 1) // self.world)}
+                "threads_per_rank": self.req.threads_per_rank or max(1, (os.cpu_count() or 1) // self.world),
+                "landlock": self.req.landlock}
         # the card goes to ranks without hidden cases: a rank learns a case only when asked to run it
         spec["card"]["cases"] = []
         pairs = [socket.socketpair() for _ in range(self.world)]
@@ -192,7 +193,11 @@ class Evaluation:
             if v not in rp.violations:
                 rp.violations.append(v)
         kind = header.get("type")
+        if "isolation" in header:
+            self.result.isolation = header["isolation"]
         if kind == "load_error":
+            if rp.violations:
+                raise RankFailure(Verdict.forbidden, f"rank {r} broke a rule while loading: {rp.violations[0]['detail']}")
             raise RankFailure(Verdict.runtime_error, f"loading the candidate failed on rank {r}:\n{header.get('error', '')}")
         if kind == "error":
             if rp.violations:

@@ -102,17 +102,26 @@ class RankHarness:
         self.barrier = lambda: bound_barrier().wait()
         self.barrier()
         self.rendezvous_s = (self.clock() - t0) / 1e9
+        # read before the file-system sandbox closes the evaluation folder to this process
+        self.source = (self.workdir / "candidate" / self.card["entry"]["file"]).read_text()
         forbidden, attrs = expand_forbidden(self.card["rules"]["forbidden_apis"])
         install_tripwires(forbidden, attrs, self.guard)
         self.profiler = CommProfiler(self.clock)
         self.profiler.wrap_module()
+        self.isolation = {"audit_hook": True, "tripwires": True, "non_dumpable": True, "landlock_abi": 0}
+        if self.spec.get("landlock", True):
+            from . import landlock
+
+            devices = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"]
+            self.isolation["landlock_abi"] = landlock.restrict(
+                writable=[str(Path.cwd())], readable=landlock.default_read_paths(), device_rw=devices)
         install_audit_hook(self.guard, os.getpid())
 
     def load_candidate(self) -> None:
         entry = self.card["entry"]
         filename = entry["file"]
         self.filename = filename
-        source = (self.workdir / "candidate" / filename).read_text()
+        source = self.source
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # source lines in tracebacks
         module = types.ModuleType(Path(filename).stem)
         module.__file__ = filename
@@ -230,6 +239,8 @@ class RankHarness:
                 handlers[cmd](msg)
             except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything, SystemExit included
                 self.guard.active = False
+                if isinstance(exc, PermissionError):  # the file-system sandbox refused something
+                    self.guard.record("sandbox", f"access denied by the sandbox: {exc}")
                 self.send({"type": "error", "error": _candidate_traceback(exc, self.filename),
                            "violations": self.guard.violations})
 
@@ -277,10 +288,12 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
         try:
             h.load_candidate()
         except BaseException as exc:  # noqa: BLE001
+            if isinstance(exc, PermissionError):
+                h.guard.record("sandbox", f"access denied by the sandbox: {exc}")
             h.send({"type": "load_error", "error": _candidate_traceback(exc, spec["card"]["entry"]["file"]),
-                    "violations": h.guard.violations})
+                    "violations": h.guard.violations, "isolation": h.isolation})
         else:
-            h.send({"type": "ready", "rendezvous_s": h.rendezvous_s})
+            h.send({"type": "ready", "rendezvous_s": h.rendezvous_s, "isolation": h.isolation})
             h.serve()
     except EOFError:
         code = 3

@@ -22,5 +22,6 @@ class JudgeRequest(StrictModel):
     memory_mb: int | None = None
     threads_per_rank: int | None = None
     static_check: bool = Field(default=True, description="tests turn this off to prove the runtime layer alone")
+    landlock: bool = Field(default=True, description="confine each rank's files with Landlock where the kernel has it")
     max_output_chars: int = 4000
     cleanup: bool = Field(default=True, description="remove the evaluation folder afterwards (fresh dirs, no state)")

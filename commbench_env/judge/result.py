@@ -140,6 +140,7 @@ class JudgeResult(StrictModel):
     violations: list[Violation] = Field(default_factory=list)
     timings: Timings = Field(default_factory=Timings)
     hardware: dict = Field(default_factory=dict)
+    isolation: dict = Field(default_factory=dict, description="which sandbox layers were active in the ranks")
 
     @property
     def correct(self) -> bool:
