@@ -40,7 +40,8 @@ def play_episode(env: CommBenchEnv, agent: Agent, *, options: dict[str, Any] | N
     t0 = time.monotonic()
     obs, info = env.reset(seed=seed, options=options)
     agent.reset(obs, info)
-    reward, last: dict[str, Any] = 0.0, {}
+    reward = 0.0
+    last: dict[str, Any] = {}
     terminated = truncated = False
     while not (terminated or truncated):
         action = agent.act(obs, info)

@@ -9,20 +9,24 @@ if TYPE_CHECKING:
 
 
 def _mismatch_line(m: "Mismatch") -> str:
+    """One line on the first wrong element. For hidden cases: no index, counts or shapes (they reveal the case)."""
     where = f"rank {m.rank}, output {m.output!r}"
-    if m.index:
+    if m.index and not m.hidden:
         where += f", index {m.index}"
     if m.reason in ("value", "nan"):
         s = f"{where}: expected {m.expected}, got {m.got}"
-        if m.total_count:
+        if m.total_count and not m.hidden:
             s += f" ({m.wrong_count} of {m.total_count} elements wrong)"
     elif m.reason == "shape":
-        s = f"{where}: wrong shape, expected {m.expected}, got {m.got}" if m.expected else f"{where}: {m.detail}"
+        if m.hidden:
+            s = f"{where}: wrong shape"
+        else:
+            s = f"{where}: wrong shape, expected {m.expected}, got {m.got}" if m.expected else f"{where}: {m.detail}"
     elif m.reason == "dtype":
         s = f"{where}: wrong dtype, expected {m.expected}, got {m.got}"
     else:
         s = f"{where}: {m.detail or m.reason}"
-    if m.detail and m.reason in ("value", "nan", "shape") and m.detail not in s:
+    if m.detail and m.reason in ("value", "nan", "shape") and m.detail not in s and not m.hidden:
         s += f" [{m.detail}]"
     return s
 
@@ -45,7 +49,8 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
             if c.mismatch:
                 line += ": " + _mismatch_line(c.mismatch)
             elif c.error and not c.passed:
-                line += ": " + c.error.splitlines()[0]
+                last = [ln for ln in c.error.splitlines() if ln.strip()]
+                line += ": " + (last[-1].strip() if last else "error")
             lines.append(line)
     if r.benchmark:
         lines += ["", "benchmark (time = mean over iterations, max over ranks):",
