@@ -275,3 +275,7 @@ def main() -> None:  # pragma: no cover
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 
 from ..cards import Task
-from ..errors import JudgeInfraError, SandboxError
+from ..errors import CardError, JudgeInfraError, SandboxError
 from ..sandbox import Sandbox
 from .request import JudgeRequest
 from .result import JudgeResult, Mode
@@ -55,6 +55,8 @@ class JudgeClient:
                  device_mode: str | None = None, secret: bytes | None = None, static_check: bool = True,
                  timeout_s: float | None = None) -> JudgeResult:
         """Judge `files` for `task`. Raises JudgeInfraError when the judge itself fails (never the agent's fault)."""
+        if world_size not in task.card.world.sizes:
+            raise CardError(f"{task.id} runs at world sizes {task.card.world.sizes}, not {world_size}")
         eval_dir = os.path.join(self.sandbox.workdir, "evals", uuid.uuid4().hex[:12])
         self.sandbox.write_files(dict(files), base=os.path.join(eval_dir, "candidate"))
         prof = self.sandbox.profile

@@ -276,6 +276,8 @@ class Evaluation:
     def check(self) -> None:
         t0 = time.monotonic()
         cases = [c for c in self.card.cases if self.op.supports_world(self.world, c)]
+        if not cases:
+            raise RankFailure(Verdict.infra_error, f"no case of {self.card.id} applies at world size {self.world}")
         cases.sort(key=lambda c: not c.visible)
         for case in cases:
             self.result.cases.append(self.run_case(case))
@@ -443,6 +445,10 @@ class Evaluation:
             if mode == "compile":
                 self.result.verdict = Verdict.compiled
                 self.result.summary = "compiled: syntax, imports and rules are fine (nothing was run)"
+                return self.finish()
+            if self.world not in self.card.world.sizes:
+                self.result.verdict = Verdict.infra_error
+                self.result.summary = f"{self.card.id} runs at world sizes {self.card.world.sizes}, not {self.world}"
                 return self.finish()
             self.launch()
             self.rendezvous()

@@ -128,6 +128,9 @@ class RankHarness:
         self.guard.active = True
         try:
             exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - this is the sandboxed rank
+        except PermissionError as exc:
+            self.guard.record("sandbox", f"access denied by the sandbox: {exc}")
+            raise
         finally:
             self.guard.active = False
         fns = {}
@@ -151,6 +154,9 @@ class RankHarness:
         t0 = self.clock()
         try:
             out = self.op.call(self.fns, inputs, case, self.rank, self.world)
+        except PermissionError as exc:  # the file-system sandbox refused the candidate something
+            self.guard.record("sandbox", f"access denied by the sandbox: {exc}")
+            raise
         finally:
             t1 = self.clock()
             self.guard.active = False
@@ -239,8 +245,6 @@ class RankHarness:
                 handlers[cmd](msg)
             except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything, SystemExit included
                 self.guard.active = False
-                if isinstance(exc, PermissionError):  # the file-system sandbox refused something
-                    self.guard.record("sandbox", f"access denied by the sandbox: {exc}")
                 self.send({"type": "error", "error": _candidate_traceback(exc, self.filename),
                            "violations": self.guard.violations})
 
@@ -280,6 +284,12 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         os.chdir(rdir)
+        # torch writes caches (the profiler imports inductor) under TMPDIR: keep them in the rank's own folder
+        for var in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "HOME", "XDG_CACHE_HOME"):
+            os.environ[var] = str(rdir)
+        import tempfile
+
+        tempfile.tempdir = str(rdir)
         faulthandler.register(signal.SIGUSR1, file=os.fdopen(stack, "w"), all_threads=True)
         _set_limits(int(spec["timeout_s"]) + 5, spec.get("memory_mb"), 1024, 64)
         _no_dump()
@@ -288,8 +298,6 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
         try:
             h.load_candidate()
         except BaseException as exc:  # noqa: BLE001
-            if isinstance(exc, PermissionError):
-                h.guard.record("sandbox", f"access denied by the sandbox: {exc}")
             h.send({"type": "load_error", "error": _candidate_traceback(exc, spec["card"]["entry"]["file"]),
                     "violations": h.guard.violations, "isolation": h.isolation})
         else:

@@ -1,0 +1,102 @@
+"""Task cards: the shipped set, and validation errors that name the file and the field."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from commbench_env.cards import Category, load_all_tasks, load_task, select_tasks
+from commbench_env.errors import CardError, NotFoundError
+from commbench_env.paths import tasks_dir
+
+REPO_TASKS = tasks_dir()
+
+
+def test_at_least_16_tasks_covering_every_category():
+    tasks = load_all_tasks()
+    assert len(tasks) >= 16
+    cats = {t.card.category for t in tasks}
+    assert cats == set(Category)
+    for c in Category:
+        assert sum(t.card.category == c for t in tasks) >= 2, c
+    assert {t.card.difficulty.value for t in tasks} >= {"easy", "medium", "hard"}
+
+
+@pytest.mark.parametrize("task", [t.id for t in load_all_tasks()])
+def test_card_is_complete(task):
+    t = load_task(task)
+    view = t.agent_view()
+    assert view.isascii(), "prompts are plain ASCII (the observation space is printable ASCII)"
+    for fn in t.card.entry.functions:
+        assert f"def {fn}" in t.starter and fn in view
+    assert "NotImplementedError" in t.starter
+    assert t.reference_source() not in view
+    hidden = [c for c in t.card.cases if not c.visible]
+    assert hidden and all(f"- {c.name}: shape=" not in view for c in hidden)
+    assert all(f"- {c.name}: shape=" in view for c in t.card.visible_cases())
+    assert t.card.performance.sizes
+
+
+def _copy_task(tmp_path: Path, task_id: str) -> Path:
+    dst = tmp_path / "tasks" / task_id
+    shutil.copytree(REPO_TASKS / task_id, dst)
+    return tmp_path / "tasks"
+
+
+def _edit(base: Path, task_id: str, old: str, new: str) -> None:
+    p = base / task_id / "task.toml"
+    text = p.read_text()
+    assert old in text
+    p.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("old,new,field", [
+    ('difficulty = "medium"', 'difficulty = "impossible"', "difficulty"),
+    ('difficulty = "medium"', 'difficulty = "medium"\ncolour = "red"', "colour"),
+    ('op = "all_reduce_sum"', 'op = "all_reduce_max"', "semantics.op"),
+    ('dtype = "float64"', 'dtype = "float128"', "cases.1.dtype"),
+    ('id = "collective/allreduce_ring"', 'id = "collective/other"', "id"),
+    ('name = "odd-length"\nvisible = false\nshape = [4099]', 'name = "odd-length"\nvisible = false\nshape = [1024]', "hidden case"),
+])
+def test_validation_names_file_and_field(tmp_path, old, new, field):
+    base = _copy_task(tmp_path, "collective/allreduce_ring")
+    _edit(base, "collective/allreduce_ring", old, new)
+    with pytest.raises(CardError) as exc:
+        load_task("collective/allreduce_ring", base)
+    msg = str(exc.value)
+    assert "task.toml" in msg and field in msg
+
+
+def test_bad_toml_is_reported(tmp_path):
+    base = _copy_task(tmp_path, "collective/allreduce_ring")
+    (base / "collective/allreduce_ring/task.toml").write_text("id = [unclosed")
+    with pytest.raises(CardError, match="not valid TOML"):
+        load_task("collective/allreduce_ring", base)
+
+
+def test_missing_reference_is_reported(tmp_path):
+    base = _copy_task(tmp_path, "collective/allreduce_ring")
+    (base / "collective/allreduce_ring/reference.py").unlink()
+    with pytest.raises(CardError, match="entry.reference"):
+        load_task("collective/allreduce_ring", base)
+
+
+def test_task_hash_changes_with_content(tmp_path):
+    base = _copy_task(tmp_path, "collective/allreduce_ring")
+    before = load_task("collective/allreduce_ring", base).hash
+    p = base / "collective/allreduce_ring/prompt.md"
+    p.write_text(p.read_text() + "\n")
+    assert load_task("collective/allreduce_ring", base).hash != before
+
+
+def test_selectors():
+    assert [t.id for t in select_tasks("collective/allreduce_ring")] == ["collective/allreduce_ring"]
+    assert all(t.id.startswith("p2p/") for t in select_tasks("p2p"))
+    assert len(select_tasks("smoke")) == 5
+    assert {t.card.category.value for t in select_tasks("smoke")} == {c.value for c in Category}
+    assert all(t.card.difficulty.value == "easy" for t in select_tasks("all", difficulty="easy"))
+    assert select_tasks("collective/*", device_mode="cpu")
+    with pytest.raises(NotFoundError):
+        select_tasks("nope/nothing")

@@ -1,0 +1,56 @@
+"""The commbench command line, run as a user would run it (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from commbench_env.trace import read_trace
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commbench_env.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**__import__("os").environ, "COLUMNS": "200"})
+
+
+def test_tasks_lists_and_filters():
+    out = cli("tasks", "--json")
+    assert out.returncode == 0, out.stderr
+    tasks = json.loads(out.stdout)
+    assert len(tasks) >= 16
+    out = cli("tasks", "--json", "--category", "p2p")
+    assert {t["category"] for t in json.loads(out.stdout)} == {"p2p"}
+    out = cli("tasks", "--difficulty", "hard")
+    assert out.returncode == 0 and "hard" in out.stdout
+
+
+def test_show_prints_the_agent_view():
+    out = cli("show", "collective/allreduce_ring")
+    assert out.returncode == 0 and "def all_reduce" in out.stdout and "Visible cases" in out.stdout
+    bad = cli("show", "nope/none")
+    assert bad.returncode == 2 and "no task" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_judge_a_file(tmp_path):
+    f = tmp_path / "solution.py"
+    f.write_text("import torch\n\ndef ring_shift(x):\n    return x.clone()\n")
+    out = cli("judge", "p2p/ring_shift", str(f), "--world", "2")
+    assert out.returncode == 1 and "wrong_answer" in out.stdout and "rank" in out.stdout
+
+
+def test_run_plays_episodes_and_writes_traces(tmp_path):
+    out = cli("run", "--tasks", "p2p/ring_shift", "--world", "2", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "summary" in out.stdout and "pass rate 1/1" in out.stdout
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert rows[0]["task_id"] == "p2p/ring_shift" and rows[0]["turns"] == 3 and rows[0]["reward"] > 0.5
+    trace = read_trace(rows[0]["trace_path"])
+    assert trace.complete
+    shown = cli("trace", "show", rows[0]["trace_path"])
+    assert shown.returncode == 0 and "turn 3: submit" in shown.stdout
+
+
+def test_unknown_agent_is_a_clear_error():
+    out = cli("run", "--agent", "nobody")
+    assert out.returncode == 2 and "no agent card" in out.stderr

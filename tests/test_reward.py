@@ -1,0 +1,64 @@
+"""Reward: bounded, monotonic in correctness and speed, every component reported; anchor bands."""
+
+from __future__ import annotations
+
+import pytest
+
+from commbench_env.judge.result import CaseResult, JudgeResult, SizeResult, Verdict
+from commbench_env.reward import RewardConfig, band_of, compute_reward
+
+
+def size(n: int, t: float) -> SizeResult:
+    return SizeResult(size_bytes=n, dtype="float32", count=n // 4, iters=5, warmup=1, time_us=t, time_us_median=t,
+                      time_us_min=t, per_rank_mean_us=[t], algbw_gbps=n / t / 1e3, busbw_gbps=n / t / 1e3)
+
+
+def result(verdict=Verdict.passed, passed=(True, True), times=(10.0, 100.0)) -> JudgeResult:
+    return JudgeResult(task_id="t/x", task_hash="h", mode="full", world_size=2, device_mode="cpu", verdict=verdict,
+                       cases=[CaseResult(name=f"c{i}", visible=True, passed=p) for i, p in enumerate(passed)],
+                       benchmark=[size(1024, times[0]), size(1 << 20, times[1])])
+
+
+REF = [size(1024, 10.0), size(1 << 20, 100.0)]
+
+
+def test_reference_speed_scores_one():
+    parts = compute_reward(result(), REF)
+    assert parts.reward == pytest.approx(1.0) and parts.speedup == pytest.approx(1.0) and parts.band == "on_par"
+    assert [s.speedup for s in parts.sizes] == [pytest.approx(1.0)] * 2
+
+
+def test_monotonic_in_speed_and_bounded():
+    rewards = [compute_reward(result(times=(10 * f, 100 * f)), REF).reward for f in (0.5, 1, 2, 4, 8, 16, 100)]
+    assert rewards == sorted(rewards, reverse=True)
+    assert rewards[0] == 1.0 and rewards[-1] == pytest.approx(0.5)
+    assert all(0 <= r <= 1 for r in rewards)
+    assert compute_reward(result(times=(20, 200)), REF).reward == pytest.approx(0.5 + 0.5 * (1 - 1 / 3))
+
+
+def test_incorrect_scores_zero_and_shaping_is_optional():
+    wrong = result(verdict=Verdict.wrong_answer, passed=(True, False))
+    assert compute_reward(wrong, REF).reward == 0.0
+    shaped = compute_reward(wrong, REF, RewardConfig(compile_credit=0.1, case_credit=0.2))
+    assert shaped.reward == pytest.approx(0.1 + 0.2 * 0.5)
+    assert compute_reward(result(verdict=Verdict.forbidden, passed=(True, True)), REF,
+                          RewardConfig(compile_credit=0.1)).reward == 0.0
+
+
+def test_unverified_timed_outputs_are_incorrect():
+    r = result()
+    r.benchmark[1].verified = False
+    assert compute_reward(r, REF).reward == 0.0
+
+
+def test_no_reference_gives_correctness_only():
+    parts = compute_reward(result(), None)
+    assert parts.reward == 0.5 and parts.speedup is None and "no reference" in parts.note
+
+
+def test_bands():
+    cfg = RewardConfig()
+    assert band_of(1.2, cfg) == "better"
+    assert band_of(1.03, cfg) == "on_par" and band_of(0.96, cfg) == "on_par"
+    assert band_of(0.8, cfg) == "degraded"
+    assert band_of(0.5, cfg) == "severely_degraded"
