@@ -217,8 +217,10 @@ class Task:
         lines.append(f"- Write the file `{c.entry.file}` defining: {', '.join(c.entry.functions)}.")
         if c.rules.forbidden_apis:
             lines.append(f"- Forbidden: {', '.join(c.rules.forbidden_apis)} (checked statically and at run time).")
-        lines.append("- Imports allowed: torch, torch.distributed, math, typing, dataclasses, functools, itertools, collections"
-                     + (", " + ", ".join(c.rules.extra_imports) if c.rules.extra_imports else "") + ".")
+        from .judge.rules import ALLOWED_IMPORTS
+
+        allowed = sorted(ALLOWED_IMPORTS - {"__future__"}) + list(c.rules.extra_imports)
+        lines.append(f"- Imports allowed: {', '.join(allowed)} (torch includes torch.distributed).")
         lines.append("- No file, process, socket or introspection APIs; data between ranks must travel through torch.distributed.")
         if c.rules.inputs_read_only:
             lines.append("- Inputs are read-only: do not modify them.")

@@ -68,3 +68,21 @@ def test_p2p_tasks_keep_send_recv():
     assert "allreduce" in attrs and "barrier" not in attrs
     with pytest.raises(ValueError):
         expand_forbidden(["@nothing"])
+
+
+@pytest.mark.parametrize("src", [
+    "import torch\ndef f(x):\n    return torch.gather(x, 0, x.long())\n",
+    "import torch\ndef f(x):\n    return x.gather(0, x.long()).scatter(0, x.long(), x)\n",
+    "import functools\ndef f(x):\n    return functools.reduce(lambda a, b: a + b, [x, x])\n",
+    "import torch\ndef f(x):\n    return torch.broadcast_tensors(x, x)[0]\n",
+])
+def test_tensor_methods_named_like_collectives_are_fine(src):
+    rep = check(src)
+    assert rep.ok, rep.log
+
+
+def test_newer_collectives_and_store_access_are_caught():
+    for src in ("import torch.distributed as d\ndef f(x):\n    d.all_gather_single(x, x)\n",
+                "import torch.distributed as d\ndef f(x):\n    d.group.WORLD.all_to_all_single(x, x)\n",
+                "import torch.distributed as d\ndef f(x):\n    d.group.WORLD.get_group_store().set('k', 'v')\n"):
+        assert not check(src).ok

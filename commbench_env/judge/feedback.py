@@ -53,11 +53,14 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
                 line += ": " + (last[-1].strip() if last else "error")
             lines.append(line)
     if r.benchmark:
+        flops = any(s.tflops for s in r.benchmark)
         lines += ["", "benchmark (time = mean over iterations, max over ranks):",
-                  f"  {'size':>12} {'time_us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}  ok"]
+                  f"  {'size':>12} {'time_us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}"
+                  + (f" {'TFLOP/s':>9}" if flops else "") + "  ok"]
         for s in r.benchmark:
-            lines.append(f"  {s.size_bytes:>12} {s.time_us:>10.1f} {s.algbw_gbps:>11.3f} {s.busbw_gbps:>11.3f}  "
-                         + ("yes" if s.verified else "NO: " + _mismatch_line(s.mismatch) if s.mismatch else "NO"))
+            ok = "yes" if s.verified else ("NO: " + _mismatch_line(s.mismatch) if s.mismatch else "NO")
+            lines.append(f"  {s.size_bytes:>12} {s.time_us:>10.1f} {s.algbw_gbps:>11.3f} {s.busbw_gbps:>11.3f}"
+                         + (f" {s.tflops:>9.4f}" if flops else "") + f"  {ok}")
     if r.profile:
         lines += ["", "profile (one call, per rank):"]
         for p in r.profile:

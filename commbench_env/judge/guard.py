@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from .rules import PROCESS_GROUP_COLLECTIVES
+from .rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -94,7 +94,7 @@ def install_tripwires(forbidden: set[str], forbidden_attrs: set[str], guard: Gua
         for mod in owners:
             if callable(getattr(mod, leaf, None)) and not isinstance(getattr(mod, leaf), type):
                 setattr(mod, leaf, _tripwire(dotted, guard))
-    pg_attrs = forbidden_attrs & PROCESS_GROUP_COLLECTIVES
+    pg_attrs = forbidden_attrs & (PROCESS_GROUP_COLLECTIVES | PROCESS_GROUP_P2P | {"get_group_store"})
     for cls in (getattr(dist, "ProcessGroup", None), getattr(c10d, "ProcessGroupGloo", None)):
         if cls is None:
             continue

@@ -18,14 +18,16 @@ ALWAYS_FORBIDDEN = (
     "torch.distributed.checkpoint", "torch.set_default_device",
 )
 # Methods that write or map files from C code, where no audit hook sees them.
+# get_group_store hands out the rendezvous store: a side channel between ranks.
 ALWAYS_FORBIDDEN_ATTRS = frozenset({"share_memory_", "from_file", "untyped_storage", "_storage", "storage",
-                                    "tofile", "fromfile", "memmap", "numpy"})
+                                    "tofile", "fromfile", "memmap", "numpy", "get_group_store",
+                                    "merge_remote_group"})
 
 _COLLECTIVE_FUNCS = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced",
     "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
     "broadcast_object_list", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
-    "all_reduce_coalesced", "barrier", "monitored_barrier",
+    "all_reduce_coalesced", "barrier", "monitored_barrier", "all_gather_single", "reduce_scatter_single",
 )
 # Routes to the same collectives through other packages.
 _COLLECTIVE_PACKAGES = (
@@ -36,13 +38,20 @@ _COLLECTIVE_PACKAGES = (
 PROCESS_GROUP_COLLECTIVES = frozenset({
     "allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced",
     "reduce_scatter", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "broadcast", "barrier",
-    "reduce", "gather", "scatter", "monitored_barrier",
+    "reduce", "gather", "scatter", "monitored_barrier", "all_gather_single", "all_gather_single_coalesced",
+    "all_to_all_single", "reduce_scatter_single", "reduce_scatter_single_coalesced", "_allgather_base",
+    "_reduce_scatter_base",
 })
+PROCESS_GROUP_P2P = frozenset({"send", "recv", "recv_anysource"})
+# Method names that also belong to tensors, torch or the standard library (x.gather, functools.reduce): the
+# static check cannot tell the owner apart, so only the run-time tripwire on ProcessGroup stops these.
+AMBIGUOUS_METHODS = frozenset({"broadcast", "reduce", "gather", "scatter", "send", "recv"})
 
 PRESETS: dict[str, tuple[str, ...]] = {
     "@collectives": tuple(f"torch.distributed.{f}" for f in _COLLECTIVE_FUNCS) + _COLLECTIVE_PACKAGES,
     "@p2p": ("torch.distributed.send", "torch.distributed.recv", "torch.distributed.isend",
-             "torch.distributed.irecv", "torch.distributed.batch_isend_irecv", "torch.distributed.P2POp"),
+             "torch.distributed.irecv", "torch.distributed.batch_isend_irecv", "torch.distributed.P2POp",
+             "torch.distributed.send_object_list", "torch.distributed.recv_object_list"),
 }
 
 FORBIDDEN_BUILTINS = frozenset({
@@ -68,13 +77,12 @@ def expand_forbidden(names: list[str] | tuple[str, ...]) -> tuple[set[str], set[
             if n not in PRESETS:
                 raise ValueError(f"unknown preset {n!r}; known: {', '.join(PRESETS)}")
             dotted.update(PRESETS[n])
-            if n == "@collectives":
-                attrs.update(PROCESS_GROUP_COLLECTIVES)
+            attrs.update(PROCESS_GROUP_COLLECTIVES if n == "@collectives" else PROCESS_GROUP_P2P)
         else:
             dotted.add(normalize(n))
-            leaf = n.rsplit(".", 1)[-1]
-            if n.startswith("torch.distributed.") and leaf.replace("_", "") in {a.replace("_", "") for a in PROCESS_GROUP_COLLECTIVES}:
-                attrs.update(a for a in PROCESS_GROUP_COLLECTIVES if a.replace("_", "") == leaf.replace("_", ""))
+            leaf = n.rsplit(".", 1)[-1].replace("_", "")
+            if n.startswith("torch.distributed."):  # dist.all_reduce -> ProcessGroup.allreduce, and so on
+                attrs.update(a for a in PROCESS_GROUP_COLLECTIVES | PROCESS_GROUP_P2P if a.replace("_", "") == leaf)
     return dotted, attrs
 
 
