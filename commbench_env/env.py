@@ -91,7 +91,14 @@ class CommBenchEnv(gym.Env):
         self._reset_state()
 
     # -- helpers ---------------------------------------------------------------------------------------
+    def _check_device_mode(self) -> None:
+        modes = [m.value for m in self.task.card.world.device_modes]
+        if self.profile.device_mode not in modes:
+            raise CardError(f"task {self.task.id} runs in device modes {modes}; sandbox profile {self.profile.name!r} "
+                            f"is {self.profile.device_mode!r}")
+
     def _pick_world(self, requested: int | None) -> int:
+        self._check_device_mode()
         sizes = self.task.card.world.sizes
         if requested is None:
             return self.task.card.world.default_size

@@ -446,6 +446,11 @@ class Evaluation:
                 self.result.verdict = Verdict.compiled
                 self.result.summary = "compiled: syntax, imports and rules are fine (nothing was run)"
                 return self.finish()
+            if self.req.device_mode != "cpu":
+                self.result.verdict = Verdict.infra_error
+                self.result.summary = (f"device mode {self.req.device_mode!r} is not implemented by this judge yet; "
+                                       "use a cpu sandbox profile (local-cpu)")
+                return self.finish()
             if self.world not in self.card.world.sizes:
                 self.result.verdict = Verdict.infra_error
                 self.result.summary = f"{self.card.id} runs at world sizes {self.card.world.sizes}, not {self.world}"

@@ -1,0 +1,24 @@
+import torch
+import torch.distributed as dist
+
+
+def allgather_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    m = x.shape[0]
+    out = x.new_empty((world * m, w.shape[1]))
+    blocks = out.view(world, m, w.shape[1])
+    cur = x.contiguous()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    # ring: at step s this rank holds x of rank (rank - s); it forwards that block to the right while it
+    # multiplies it, and receives the next one from the left
+    for step in range(world):
+        reqs = []
+        nxt = None
+        if step < world - 1:
+            nxt = torch.empty_like(cur)
+            reqs = [dist.isend(cur, right), dist.irecv(nxt, left)]
+        torch.matmul(cur, w, out=blocks[(rank - step) % world])
+        for r in reqs:
+            r.wait()
+        cur = nxt
+    return out
