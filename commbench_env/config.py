@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .errors import CardError
+from .errors import CardError, NotFoundError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,3 +50,23 @@ def load_model(model: type[M], data: dict[str, Any], path: Path | str) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise CardError(format_validation_error(path, exc)) from None
+
+
+def list_cards(folder: Path) -> list[str]:
+    """Names of the `<name>.toml` cards in a folder."""
+    return sorted(p.stem for p in folder.glob("*.toml"))
+
+
+def load_named_card(model: type[M], folder: Path, name_or_path: str | Path, what: str) -> M:
+    """Load `folder/<name>.toml` (or a path) into `model`; the card's `name` must match its file name."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = folder / f"{name_or_path}.toml"
+    if not p.is_file():
+        raise NotFoundError(f"no {what} {str(name_or_path)!r}; known: {', '.join(list_cards(folder))}")
+    card = load_model(model, read_toml(p), p)
+    name = getattr(card, "name", p.stem)
+    if name != p.stem and p.parent == folder:
+        raise CardError(f"{p}: field 'name': is {name!r} but the file is {p.name}")
+    card.source = str(p)  # type: ignore[attr-defined]
+    return card

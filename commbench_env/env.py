@@ -11,7 +11,7 @@ import gymnasium as gym
 from gymnasium import spaces
 from pydantic import Field
 
-from .actions import ACTION_HELP, MAX_SOURCE_CHARS, TOOL_TO_MODE, TOOLS, Action, ParseError, parse_action
+from .actions import ACTION_HELP, MAX_SOURCE_CHARS, TOOL_TO_MODE, TOOLS, ParseError, parse_action
 from .cards import Task, load_task
 from .config import StrictModel
 from .errors import CardError

@@ -12,8 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import Field
 
-from ..config import StrictModel, load_model, read_toml
-from ..errors import CardError, NotFoundError
+from ..config import StrictModel, list_cards, load_named_card
+from ..errors import CardError
 from ..paths import agents_dir
 
 BUILTIN_KINDS = {
@@ -51,19 +51,11 @@ class AgentCard(StrictModel):
 
 
 def list_agent_cards(base: Path | None = None) -> list[str]:
-    base = base or agents_dir()
-    return sorted(p.stem for p in base.glob("*.toml"))
+    return list_cards(base or agents_dir())
 
 
 def load_agent_card(name_or_path: str | Path) -> AgentCard:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = agents_dir() / f"{name_or_path}.toml"
-    if not p.is_file():
-        raise NotFoundError(f"no agent card {str(name_or_path)!r}; known: {', '.join(list_agent_cards())}")
-    card = load_model(AgentCard, read_toml(p), p)
-    card.source = str(p)
-    return card
+    return load_named_card(AgentCard, agents_dir(), name_or_path, "agent card")
 
 
 def load_agent(card: AgentCard | str | Path, **params: Any) -> Agent:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -51,8 +52,8 @@ class Barrier(GoldenOp):
         _int_param(case, "shift", 0)
         for key in ("late_ms", "early_ms"):
             v = case.params.get(key)
-            if v is not None and not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v)
-                                      and 0 <= v[0] <= v[1] <= 200):
+            ok = isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v)
+            if v is not None and not (ok and 0 <= v[0] <= v[1] <= 200):
                 raise ValueError(f"params.{key} must be [low, high] milliseconds with 0 <= low <= high <= 200")
 
     def late_rank(self, case, world: int, k: int) -> int:
@@ -122,27 +123,25 @@ class Barrier(GoldenOp):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-class _ReduceCounter:
-    """The all_reduce handed to the candidate: a sum over ranks, in place, that counts calls and bytes."""
+def _counting_all_reduce(group):
+    """The all_reduce handed to the candidate: an in-place sum over ranks that counts calls and bytes.
 
-    def __init__(self, group) -> None:
-        self.group = group
-        self.calls = 0
-        self.max_bytes = 0
-        self.total_bytes = 0
+    A closure, not an object, so the candidate has no attribute through which to reset the counts."""
+    stats = [0, 0, 0]  # calls, largest call in bytes, bytes in all calls
 
-    def __call__(self, t):
+    def all_reduce(t) -> None:
         t = expect_tensor(t, "the argument of all_reduce")
         if not t.is_contiguous():
             raise CandidateError("all_reduce needs a contiguous tensor (a flat bucket or a contiguous view of one)")
         nbytes = t.numel() * t.element_size()
-        self.calls += 1
-        self.max_bytes = max(self.max_bytes, nbytes)
-        self.total_bytes += nbytes
+        stats[0] += 1
+        stats[1] = max(stats[1], nbytes)
+        stats[2] += nbytes
         opts = _ALLREDUCE_OPTIONS()
         opts.reduceOp = _SUM
-        _PG_ALLREDUCE(self.group, [t], opts).wait()
-        return None
+        _PG_ALLREDUCE(group, [t], opts).wait()
+
+    return all_reduce, stats
 
 
 def _gather_flat(tensors, picks: list[int]) -> torch.Tensor:
@@ -159,6 +158,25 @@ def _gather_flat(tensors, picks: list[int]) -> torch.Tensor:
     return torch.cat(got) if got else torch.zeros(0, dtype=torch.float64)
 
 
+@functools.lru_cache(maxsize=64)
+def _grad_layout(shape: tuple[int, ...], layout_seed: int, bench: bool) -> tuple[tuple[int, ...], ...]:
+    if bench:  # four weight matrices (flattened) with small biases, like a stack of linear layers
+        count = shape[0]
+        bias = max(1, count // 1024)
+        w = (count - 4 * bias) // 4
+        last = count - 3 * (w + bias) - bias
+        return ((w,), (bias,), (w,), (bias,), (w,), (bias,), (last,), (bias,))
+    n, maxd = shape
+    g = generator(layout_seed * 1_000_003 + 17)
+    ndims = (1, 2, 2, 1, 2, 3, 1, 0)  # mostly vectors and matrices, some 3-D, now and then a 0-D scalar
+    shapes = []
+    for _ in range(n):
+        nd = ndims[int(torch.randint(0, len(ndims), (1,), generator=g))]
+        hi = maxd if nd < 3 else max(1, maxd // 4)
+        shapes.append(tuple(int(d) for d in torch.randint(1, hi + 1, (nd,), generator=g)))
+    return tuple(shapes)
+
+
 @register
 class BucketedGradAverage(GoldenOp):
     """`average_gradients(grads, bucket_bytes, all_reduce) -> list`: the mean over ranks of every gradient, with
@@ -171,7 +189,6 @@ class BucketedGradAverage(GoldenOp):
     name = "bucketed_grad_average"
     nccl_op = "all_reduce"
     functions = ("average_gradients",)
-    _NDIMS = (1, 2, 2, 1, 2, 3, 1, 0)
 
     def validate_case(self, case):
         if len(case.shape) != 2 or not 1 <= case.shape[0] <= 64 or not 1 <= case.shape[1] <= 4096:
@@ -184,24 +201,9 @@ class BucketedGradAverage(GoldenOp):
             raise ValueError("params.bucket_bytes must be a positive multiple of 8")
 
     def layout(self, case) -> list[tuple[int, ...]]:
-        if case.params.get("bench"):
-            count = case.shape[0]
-            bias = max(1, count // 1024)
-            n_w = 4
-            w = (count - n_w * bias) // n_w
-            shapes: list[tuple[int, ...]] = []
-            for i in range(n_w):
-                last = i == n_w - 1
-                shapes += [(count - (n_w - 1) * (w + bias) - bias,) if last else (w,), (bias,)]
-            return shapes
-        n, maxd = case.shape
-        g = generator(int(case.params.get("layout_seed", 0)) * 1_000_003 + 17)
-        shapes = []
-        for _ in range(n):
-            nd = self._NDIMS[int(torch.randint(0, len(self._NDIMS), (1,), generator=g))]
-            hi = maxd if nd < 3 else max(1, maxd // 4)
-            shapes.append(tuple(int(d) for d in torch.randint(1, hi + 1, (nd,), generator=g)))
-        return shapes
+        """The gradient shapes of a case: a function of shape and params alone, so the same on every rank."""
+        p = case.params
+        return list(_grad_layout(tuple(case.shape), int(p.get("layout_seed", 0)), bool(p.get("bench"))))
 
     def total_bytes(self, case) -> int:
         elem = torch.empty((), dtype=to_dtype(case.dtype)).element_size()
@@ -222,14 +224,14 @@ class BucketedGradAverage(GoldenOp):
     def call(self, fns, inputs, case, rank, world):
         n = len(self.layout(case))
         grads = [inputs[f"g{i}"] for i in range(n)]
-        counter = _ReduceCounter(dist.group.WORLD)
-        res = fns["average_gradients"](grads, int(case.params["bucket_bytes"]), counter)
+        reduce_fn, stats = _counting_all_reduce(dist.group.WORLD)
+        res = fns["average_gradients"](grads, int(case.params["bucket_bytes"]), reduce_fn)
         if not isinstance(res, (list, tuple)):
             raise CandidateError(f"average_gradients must return a list of tensors, got {type(res).__name__}")
         if len(res) != n:
             raise CandidateError(f"average_gradients returned {len(res)} tensors for {n} gradients")
         outs = [expect_tensor(t, f"average_gradients(...)[{i}]") for i, t in enumerate(res)]
-        result = {"calls": torch.tensor([counter.calls, counter.max_bytes, counter.total_bytes], dtype=torch.int64)}
+        result = {"calls": torch.tensor(stats, dtype=torch.int64)}
         if not case.params.get("bench"):
             result.update({f"g{i}": t for i, t in enumerate(outs)})
             return result

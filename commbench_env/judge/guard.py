@@ -113,19 +113,32 @@ class CommProfiler:
         self.enabled = False
         self.clock = clock
         self.stats: dict[str, list[float]] = {}
+        self.outer_us = 0.0  # time in outermost calls only (batch_isend_irecv calls isend inside)
+        self._depth = 0
 
     def wrap_module(self) -> None:
+        """Wrap in torch.distributed and in distributed_c10d alike: P2POp accepts only the c10d module's isend/irecv."""
         import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
 
         names = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "all_reduce", "all_gather",
-                 "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-                 "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "barrier", "new_group",
-                 "all_gather_object", "broadcast_object_list")
+                 "all_gather_into_tensor", "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
+                 "reduce_scatter_single", "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather",
+                 "scatter", "barrier", "new_group", "all_gather_object", "broadcast_object_list")
         for n in names:
             fn = getattr(dist, n, None)
             if fn is None:
                 continue
-            setattr(dist, n, self._wrap(f"dist.{n}", fn))
+            wrapped = self._wrap(f"dist.{n}", fn)
+            setattr(dist, n, wrapped)
+            if getattr(c10d, n, None) is fn:
+                setattr(c10d, n, wrapped)
+        work = getattr(dist, "Work", None)  # waiting on an async op is communication time too
+        if work is not None:
+            try:
+                work.wait = self._wrap("Work.wait", work.wait)
+            except (AttributeError, TypeError):
+                pass
 
     def _wrap(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         prof = self
@@ -134,17 +147,22 @@ class CommProfiler:
             if not prof.enabled:
                 return fn(*args, **kwargs)
             t0 = prof.clock()
+            prof._depth += 1
             try:
                 return fn(*args, **kwargs)
             finally:
-                prof.stats.setdefault(label, []).append((prof.clock() - t0) / 1e3)
+                prof._depth -= 1
+                us = (prof.clock() - t0) / 1e3
+                prof.stats.setdefault(label, []).append(us)
+                if prof._depth == 0:
+                    prof.outer_us += us
 
         timed.__name__ = getattr(fn, "__name__", label)
         timed.__doc__ = getattr(fn, "__doc__", None)
         return timed
 
     def reset(self) -> None:
-        self.stats = {}
+        self.stats, self.outer_us, self._depth = {}, 0.0, 0
 
 
 def monotonic_ns() -> int:

@@ -223,7 +223,7 @@ class RankHarness:
         for label, times in self.profiler.stats.items():
             rows.append({"name": label, "kind": "comm", "calls": len(times), "total_us": sum(times),
                          "mean_us": sum(times) / len(times)})
-        comm_us = sum(r["total_us"] for r in rows)
+        comm_us = self.profiler.outer_us
         ops = [e for e in prof.key_averages() if not e.key.startswith(("gloo", "c10d", "ProfilerStep", "dist."))
                and "gloo" not in e.key and "c10d" not in e.key]
         ops.sort(key=lambda e: e.self_cpu_time_total, reverse=True)

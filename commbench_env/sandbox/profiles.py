@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..config import StrictModel, load_model, read_toml
-from ..errors import CardError, NotFoundError
+from ..config import StrictModel, list_cards, load_named_card
+from ..errors import CardError
 from ..paths import sandboxes_dir
 from .base import Sandbox
 
@@ -45,21 +45,11 @@ class SandboxProfile(StrictModel):
 
 
 def list_profiles(base: Path | None = None) -> list[str]:
-    base = base or sandboxes_dir()
-    return sorted(p.stem for p in base.glob("*.toml"))
+    return list_cards(base or sandboxes_dir())
 
 
 def load_profile(name_or_path: str | Path) -> SandboxProfile:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = sandboxes_dir() / f"{name_or_path}.toml"
-    if not p.is_file():
-        raise NotFoundError(f"no sandbox profile {str(name_or_path)!r}; known: {', '.join(list_profiles())}")
-    prof = load_model(SandboxProfile, read_toml(p), p)
-    if prof.name != p.stem:
-        raise CardError(f"{p}: field 'name': is {prof.name!r} but the file is {p.name}")
-    prof.source = str(p)
-    return prof
+    return load_named_card(SandboxProfile, sandboxes_dir(), name_or_path, "sandbox profile")
 
 
 def open_sandbox(profile: SandboxProfile | str) -> Sandbox:

@@ -2,6 +2,13 @@ import torch
 import torch.distributed as dist
 
 
+def _exchange(send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int) -> None:
+    """Send and receive at once; batched so NCCL pairs them without deadlocking."""
+    ops = [dist.P2POp(dist.isend, send_buf, dst), dist.P2POp(dist.irecv, recv_buf, src)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     rank, world = dist.get_rank(), dist.get_world_size()
     out = x.detach().clone().reshape(-1)
@@ -13,16 +20,12 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     for step in range(world - 1):
         send_idx, recv_idx = (rank - step) % world, (rank - step - 1) % world
         incoming = torch.empty_like(chunks[recv_idx])
-        reqs = [dist.isend(chunks[send_idx], right), dist.irecv(incoming, left)]
-        for r in reqs:
-            r.wait()
+        _exchange(chunks[send_idx], right, incoming, left)
         chunks[recv_idx] += incoming
     # all-gather: circulate the fully reduced chunks
     for step in range(world - 1):
         send_idx, recv_idx = (rank - step + 1) % world, (rank - step) % world
         incoming = torch.empty_like(chunks[recv_idx])
-        reqs = [dist.isend(chunks[send_idx], right), dist.irecv(incoming, left)]
-        for r in reqs:
-            r.wait()
+        _exchange(chunks[send_idx], right, incoming, left)
         chunks[recv_idx].copy_(incoming)
     return out.reshape(x.shape)

@@ -1,7 +1,6 @@
 # Plausible bug: the tree is built on absolute ranks, as if the root were always rank 0 (the relative-rank
 # rotation is forgotten). Correct for root 0; for any other root rank 0 spreads its NaN placeholder and the real
 # root's data is overwritten by what it "receives".
-import torch
 import torch.distributed as dist
 
 

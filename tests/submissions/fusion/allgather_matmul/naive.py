@@ -1,5 +1,4 @@
 # Correct and simple: gather every rank's x, then one matmul. No overlap; must pass.
-import torch
 import torch.distributed as dist
 
 

@@ -1,7 +1,6 @@
 # Plausible bug: chunked async all-gather overlapped with the matmuls, but the gathered chunk
 # ([world, rows, k], rank-major) is treated as if it were a contiguous band of the output rows.
 # Correct only when there is a single chunk.
-import torch
 import torch.distributed as dist
 
 
