@@ -131,6 +131,7 @@ class PerformanceSpec(StrictModel):
     dtype: str = "float32"
     warmup: int = Field(default=2, ge=0)
     iters: int = Field(default=5, ge=1)
+    flush_l2: bool = Field(default=False, description="GPU: evict the L2 cache before every timed iteration")
     params: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -77,7 +77,7 @@ class JudgeClient:
         for line in reversed(res.stdout.splitlines()):
             if line.startswith(RESULT_MARK):
                 result = JudgeResult.model_validate_json(line[len(RESULT_MARK):])
-                result.hardware = self.sandbox.hardware().model_dump()
+                result.hardware = {**self.sandbox.hardware().model_dump(), **result.hardware}
                 return result
         why = "timed out" if res.timed_out else f"exited with code {res.returncode}"
         raise JudgeInfraError(f"the judge {why} without a result:\n{res.stderr[-3000:]}")

@@ -104,7 +104,7 @@ class Evaluation:
         spec = {"card": self.card.model_dump(mode="json"), "timeout_s": self.timeout_s,
                 "memory_mb": self.req.memory_mb or self.card.limits.memory_mb,
                 "threads_per_rank": self.req.threads_per_rank or max(1, (os.cpu_count() or 1) // self.world),
-                "landlock": self.req.landlock}
+                "landlock": self.req.landlock, "device_mode": self.req.device_mode}
         # the card goes to ranks without hidden cases: a rank learns a case only when asked to run it
         spec["card"]["cases"] = []
         pairs = [socket.socketpair() for _ in range(self.world)]
@@ -195,6 +195,8 @@ class Evaluation:
         kind = header.get("type")
         if "isolation" in header:
             self.result.isolation = header["isolation"]
+        if "device" in header:
+            self.result.hardware["rank_device"] = header["device"]
         if kind == "load_error":
             if rp.violations:
                 raise RankFailure(Verdict.forbidden, f"rank {r} broke a rule while loading: {rp.violations[0]['detail']}")
@@ -299,7 +301,7 @@ class Evaluation:
         full = type(self.op).verify is not GoldenOp.verify
         for rp in self.ranks:
             self.send(rp, {"cmd": "bench", "case": case.model_dump(mode="json"), "seeds": seeds[rp.rank],
-                           "warmup": perf.warmup, "full_outputs": full})
+                           "warmup": perf.warmup, "full_outputs": full, "flush_l2": perf.flush_l2})
         times = [[0.0] * perf.iters for _ in range(self.world)]
         samples: list[tuple[int, int, dict]] = []
         for it in range(n_iter):
@@ -446,10 +448,10 @@ class Evaluation:
                 self.result.verdict = Verdict.compiled
                 self.result.summary = "compiled: syntax, imports and rules are fine (nothing was run)"
                 return self.finish()
-            if self.req.device_mode != "cpu":
+            if self.req.device_mode not in [m.value for m in self.card.world.device_modes]:
                 self.result.verdict = Verdict.infra_error
-                self.result.summary = (f"device mode {self.req.device_mode!r} is not implemented by this judge yet; "
-                                       "use a cpu sandbox profile (local-cpu)")
+                self.result.summary = (f"{self.card.id} does not run in device mode {self.req.device_mode!r}; "
+                                       f"it declares {[m.value for m in self.card.world.device_modes]}")
                 return self.finish()
             if self.world not in self.card.world.sizes:
                 self.result.verdict = Verdict.infra_error

@@ -61,13 +61,14 @@ def default_read_paths() -> list[str]:
     return sorted(p for p in paths if os.path.exists(p))
 
 
-def restrict(writable: list[str], readable: list[str], device_rw: list[str] = ()) -> int:
+def restrict(writable: list[str], readable: list[str], device_rw: list[str] = (),
+             scope_abstract_sockets: bool = True) -> int:
     """Apply the rules to this process (and its future children). Returns the ABI used, 0 if not applied."""
     abi = abi_version()
     if abi <= 0:
         return 0
     handled = _handled(abi)
-    scoped = (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 else 0
+    scoped = ((SCOPE_ABSTRACT_UNIX_SOCKET if scope_abstract_sockets else 0) | SCOPE_SIGNAL) if abi >= 6 else 0
     if abi >= 6:
         attr = struct.pack("=QQQ", handled, 0, scoped)
     elif abi >= 4:

@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .device import RankDevice
 from .guard import CommProfiler, Guard, install_audit_hook, install_tripwires
 from .protocol import encode_tensors, recv_msg, send_msg
 from .rules import expand_forbidden
@@ -86,6 +87,7 @@ class RankHarness:
         self.op = get_op(self.card["semantics"]["op"])
         threads = max(1, int(self.spec.get("threads_per_rank", 1)))
         torch.set_num_threads(threads)
+        self.dev = RankDevice(self.spec.get("device_mode", "cpu"), self.rank, self.world)
         timeout = timedelta(seconds=float(self.spec["timeout_s"]))
         if self.rank == 0:
             store = dist.TCPStore("127.0.0.1", 0, self.world, True, timeout=timeout, wait_for_workers=False)
@@ -94,7 +96,9 @@ class RankHarness:
         if self.rank != 0:
             store = dist.TCPStore("127.0.0.1", int(msg["port"]), self.world, False, timeout=timeout)
         t0 = self.clock()
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world, timeout=timeout)
+        extra = {"device_id": self.dev.device} if self.dev.backend == "nccl" else {}
+        dist.init_process_group(self.dev.backend, store=store, rank=self.rank, world_size=self.world,
+                                timeout=timeout, **extra)
         # The harness synchronises on a group of its own, through a method bound before any tripwire exists,
         # so neither the candidate's traffic nor a forbidden-API tripwire can touch it.
         harness_group = dist.new_group(backend="gloo")
@@ -112,9 +116,13 @@ class RankHarness:
         if self.spec.get("landlock", True):
             from . import landlock
 
-            devices = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"]
+            if self.dev.is_cuda:  # the driver needs its device nodes; NCCL needs /dev/shm and abstract sockets
+                devices, writable, scope_sockets = ["/dev"], [str(Path.cwd()), "/dev/shm"], False
+            else:
+                devices, writable, scope_sockets = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"], [str(Path.cwd())], True
             self.isolation["landlock_abi"] = landlock.restrict(
-                writable=[str(Path.cwd())], readable=landlock.default_read_paths(), device_rw=devices)
+                writable=[w for w in writable if os.path.isdir(w)], readable=landlock.default_read_paths(),
+                device_rw=devices, scope_abstract_sockets=scope_sockets)
         install_audit_hook(self.guard, os.getpid())
 
     def load_candidate(self) -> None:
@@ -151,20 +159,22 @@ class RankHarness:
         """Call the candidate once with the guard on; returns outputs and elapsed ns."""
         cand_inputs = self.op.candidate_inputs(inputs)
         self.guard.active = True
-        t0 = self.clock()
         try:
-            out = self.op.call(self.fns, inputs, case, self.rank, self.world)
+            out, ns = self.dev.timed(lambda: self.op.call(self.fns, inputs, case, self.rank, self.world), self.clock)
         except PermissionError as exc:  # the file-system sandbox refused the candidate something
             self.guard.record("sandbox", f"access denied by the sandbox: {exc}")
             raise
         finally:
-            t1 = self.clock()
             self.guard.active = False
-        return out, t1 - t0, cand_inputs
+        return out, ns, cand_inputs
+
+    def _inputs(self, case, seed: int):
+        """This rank's inputs, made on the CPU from its private seed, then moved to the rank's device."""
+        return self.dev.to_device(self.op.make_inputs(case, self.rank, self.world, int(seed)))
 
     def run_check(self, msg: dict[str, Any]) -> None:
         case = self._case(msg["case"])
-        inputs = self.op.make_inputs(case, self.rank, self.world, int(msg["seed"]))
+        inputs = self._inputs(case, msg["seed"])
         pristine = {k: v.clone() for k, v in inputs.items()} if self.card["rules"]["inputs_read_only"] else {}
         self.barrier()
         out, ns, cand_inputs = self._invoke(case, inputs)
@@ -178,8 +188,11 @@ class RankHarness:
         case = self._case(msg["case"])
         warmup = int(msg["warmup"])
         full = bool(msg.get("full_outputs"))
+        flush = bool(msg.get("flush_l2"))
         for it, seed in enumerate(msg["seeds"]):
-            inputs = self.op.make_inputs(case, self.rank, self.world, int(seed))
+            inputs = self._inputs(case, seed)
+            if flush:
+                self.dev.flush_l2()
             self.barrier()
             out, ns, _ = self._invoke(case, inputs)
             if it < warmup:
@@ -207,13 +220,14 @@ class RankHarness:
         import torch.profiler as tp
 
         case = self._case(msg["case"])
-        inputs = self.op.make_inputs(case, self.rank, self.world, int(msg["seed"]))
+        inputs = self._inputs(case, msg["seed"])
         self.barrier()
         self._invoke(case, inputs)  # warm-up
-        inputs = self.op.make_inputs(case, self.rank, self.world, int(msg["seed"]) + 1)
+        inputs = self._inputs(case, int(msg["seed"]) + 1)
         self.profiler.reset()
         self.barrier()
-        with tp.profile(activities=[tp.ProfilerActivity.CPU]) as prof:
+        activities = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if self.dev.is_cuda else [])
+        with tp.profile(activities=activities) as prof:
             self.profiler.enabled = True
             try:
                 _, ns, _ = self._invoke(case, inputs)
@@ -230,6 +244,13 @@ class RankHarness:
         for e in ops[:10]:
             rows.append({"name": e.key, "kind": "compute", "calls": int(e.count), "total_us": float(e.self_cpu_time_total),
                          "mean_us": float(e.self_cpu_time_total) / max(1, int(e.count))})
+        if self.dev.is_cuda:  # GPU kernels by device time; NCCL kernels are communication
+            kernels = [e for e in prof.key_averages() if float(getattr(e, "self_device_time_total", 0.0)) > 0]
+            kernels.sort(key=lambda e: float(e.self_device_time_total), reverse=True)
+            for e in kernels[:10]:
+                t = float(e.self_device_time_total)
+                rows.append({"name": f"[gpu] {e.key}"[:120], "kind": "comm" if "nccl" in e.key.lower() else "compute",
+                             "calls": int(e.count), "total_us": t, "mean_us": t / max(1, int(e.count))})
         wall_us = ns / 1e3
         self.send({"type": "profile", "wall_us": wall_us, "comm_us": comm_us,
                    "compute_us": max(0.0, wall_us - comm_us), "rows": rows, "violations": self.guard.violations})
@@ -301,7 +322,8 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
             h.send({"type": "load_error", "error": _candidate_traceback(exc, spec["card"]["entry"]["file"]),
                     "violations": h.guard.violations, "isolation": h.isolation})
         else:
-            h.send({"type": "ready", "rendezvous_s": h.rendezvous_s, "isolation": h.isolation})
+            h.send({"type": "ready", "rendezvous_s": h.rendezvous_s, "isolation": h.isolation,
+                    "device": h.dev.describe()})
             h.serve()
     except EOFError:
         code = 3

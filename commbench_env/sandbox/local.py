@@ -72,6 +72,8 @@ class LocalSandbox(Sandbox):
         env.update({"HOME": self.workdir, "TMPDIR": str(Path(self.workdir) / "tmp"), "PYTHONPATH": str(package_parent()),
                     "PYTHONDONTWRITEBYTECODE": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1",
                     "PYTHONUNBUFFERED": "1", "COMMBENCH_SANDBOX": self.workdir})
+        if self.profile.gpus.ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.profile.gpus.ids)
         env.update(self.profile.env)
         if extra:
             env.update(extra)
