@@ -46,8 +46,12 @@ class JudgeClient:
         res = self.sandbox.exec([self.sandbox.python, "-m", "commbench_env.judge", "serve", "--socket", sock,
                                  "--owner-pid", str(os.getpid())], timeout=120)
         if res.returncode != 0:
+            try:
+                log = self.sandbox.read_file(sock.replace(".sock", ".log")).decode(errors="replace")
+            except SandboxError:
+                log = ""
             raise JudgeInfraError(f"the judge server did not start in the sandbox (exit {res.returncode}):\n"
-                                  f"{res.stderr[-2000:]}")
+                                  f"{(res.stderr + log)[-2000:]}")
         self._server_socket = sock
         return sock
 

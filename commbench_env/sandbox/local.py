@@ -69,7 +69,9 @@ class LocalSandbox(Sandbox):
     # -- commands --------------------------------------------------------------------------------------
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
-        env.update({"HOME": self.workdir, "TMPDIR": str(Path(self.workdir) / "tmp"), "PYTHONPATH": str(package_parent()),
+        # this package first, then whatever the host's interpreter was told (e.g. a folder of extra wheels)
+        pythonpath = os.pathsep.join(p for p in (str(package_parent()), os.environ.get("PYTHONPATH", "")) if p)
+        env.update({"HOME": self.workdir, "TMPDIR": str(Path(self.workdir) / "tmp"), "PYTHONPATH": pythonpath,
                     "PYTHONDONTWRITEBYTECODE": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1",
                     "PYTHONUNBUFFERED": "1", "COMMBENCH_SANDBOX": self.workdir})
         if self.profile.gpus.ids:
