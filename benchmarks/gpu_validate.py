@@ -139,6 +139,8 @@ def main() -> None:
                     rows.append((task.id, mode, world, "yes" if ok else f"NO ({verdict}: {summary.splitlines()[0][:70]})",
                                  text, pct, f"{time.monotonic() - t0:.1f}"))
                     console.print(f"{task.id} {mode} w{world}: {rows[-1][3]} {text} {pct}")
+                    if not ok:
+                        console.print(res.feedback(3000) if res else summary, markup=False, highlight=False)
             client.close()
     table = Table(title="GPU validation of references")
     cols = ("task", "mode", "world", "correct", "figure", "roofline", "seconds")

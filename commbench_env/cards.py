@@ -131,7 +131,11 @@ class PerformanceSpec(StrictModel):
     dtype: str = "float32"
     warmup: int = Field(default=2, ge=0)
     iters: int = Field(default=5, ge=1)
+    gpu_sizes: list[int] | None = Field(default=None, description="sizes used in the cuda device modes (default: sizes)")
     flush_l2: bool = Field(default=False, description="GPU: evict the L2 cache before every timed iteration")
+
+    def sizes_for(self, device_mode: str) -> list[int]:
+        return self.gpu_sizes if device_mode != "cpu" and self.gpu_sizes else self.sizes
     params: dict[str, Any] = Field(default_factory=dict)
 
 

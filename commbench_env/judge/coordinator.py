@@ -290,7 +290,7 @@ class Evaluation:
         perf = self.card.performance
         t0 = time.monotonic()
         verify_before = self.timings.verify_s
-        for size in perf.sizes:
+        for size in perf.sizes_for(self.req.device_mode):
             self.result.benchmark.append(self.bench_size(perf, size))
         self.timings.run_s += time.monotonic() - t0 - (self.timings.verify_s - verify_before)
 
