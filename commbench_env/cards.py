@@ -139,6 +139,22 @@ class PerformanceSpec(StrictModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class CudaSpec(StrictModel):
+    """How the judge calls a `cuda` candidate through `cb_args` (commbench_env/judge/cuda/commbench.h)."""
+
+    arch: str = Field(default="sm_90", description="nvcc -arch when no GPU is present to detect it from")
+    links: list[str] = Field(default_factory=list, description="libraries the candidate may link (nccl, nvshmem, ...)")
+    nvcc_flags: list[str] = Field(default_factory=list)
+    input: str = Field(default="x", description="the op input placed in cb_args.in")
+    output: str = Field(default="y", description="the op output read from cb_args.out")
+    aux_inputs: list[str] = Field(default_factory=list, description="op inputs placed in cb_args.aux_in[i]")
+    aux_outputs: list[str] = Field(default_factory=list, description="op outputs read from cb_args.aux_out[i]")
+    params: list[str] = Field(default_factory=list, description="case.params keys passed as cb_args.params[i]")
+    scratch_bytes: int = Field(default=1 << 20, ge=0)
+    scratch_per_input: float = Field(default=0.0, ge=0, description="extra scratch, in multiples of the input bytes")
+    flag_words: int = Field(default=4096, ge=1)
+
+
 class LimitsSpec(StrictModel):
     timeout_s: float = Field(default=60.0, gt=0, description="wall-clock limit of one whole evaluation")
     memory_mb: int | None = Field(default=None, description="address-space limit per rank; profile default if unset")
@@ -160,6 +176,20 @@ class TaskCard(StrictModel):
     tolerance: dict[str, Tolerance] = Field(default_factory=dict)
     performance: PerformanceSpec
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    cuda: CudaSpec | None = None
+
+    @model_validator(mode="after")
+    def _check_language(self) -> "TaskCard":
+        if self.language == Language.cuda:
+            if self.cuda is None:
+                self.cuda = CudaSpec()
+            if not self.entry.file.endswith(".cu"):
+                raise ValueError("entry.file of a cuda task must be a .cu file")
+            if DeviceMode.cpu in self.world.device_modes:
+                raise ValueError("world.device_modes: a cuda task cannot run in device mode 'cpu'")
+        elif self.cuda is not None:
+            raise ValueError("a [cuda] section is only for language = 'cuda'")
+        return self
 
     @model_validator(mode="after")
     def _check_cases(self) -> "TaskCard":

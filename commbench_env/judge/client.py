@@ -68,7 +68,8 @@ class JudgeClient:
                            device_mode=device_mode or prof.device_mode,
                            secret=(secret or secrets.token_bytes(32)).hex(), workdir=eval_dir,
                            source_hash=source_hash(files), timeout_s=timeout_s, memory_mb=prof.limits.memory_mb,
-                           threads_per_rank=prof.threads_per_rank, static_check=static_check)
+                           threads_per_rank=prof.threads_per_rank, static_check=static_check,
+                           cache_dir=os.path.join(self.sandbox.workdir, "cuda-cache"))
         limit = (timeout_s or task.card.limits.timeout_s) + JUDGE_MARGIN_S
         cmd = [self.sandbox.python, "-m", "commbench_env.judge", "run", "--timeout", str(limit)]
         try:

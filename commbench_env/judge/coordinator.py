@@ -76,6 +76,8 @@ class Evaluation:
             self.result.verdict = Verdict.compile_error
             self.result.summary = f"{entry.file} is missing from the submission"
             return False
+        if self.card.language.value == "cuda":
+            return self.build_cuda(path, t0)
         source = path.read_text(errors="replace")
         forbidden, attrs = expand_forbidden(self.card.rules.forbidden_apis)
         rep = check_source(source, entry.file, forbidden, attrs, self.card.rules.extra_imports, entry.functions)
@@ -95,6 +97,32 @@ class Evaluation:
             self.result.verdict = Verdict.compile_error
             self.result.summary = (rep.log.splitlines() or ["compile error"])[-1]
         return False
+
+    def build_cuda(self, path: Path, t0: float) -> bool:
+        from .cuda_build import build
+
+        spec = self.card.cuda
+        assert spec is not None
+        cache = Path(self.req.cache_dir) if self.req.cache_dir else self.workdir.parent / "cuda-cache"
+        b = build(path, card_arch=spec.arch, links=spec.links, extra_flags=spec.nvcc_flags,
+                  functions=self.card.entry.functions, cache_dir=cache)
+        self.library = b.library
+        log = "\n".join(x for x in (b.log, "\n".join(b.ptxas)) if x)
+        violations = [Violation(**v) for v in b.violations] if self.req.static_check else []
+        self.result.compile = CompileReport(ok=b.ok and not violations, log=log, violations=violations,
+                                            cache_hit=b.cache_hit, seconds=b.seconds)
+        self.timings.compile_s = time.monotonic() - t0
+        if not b.ok:
+            self.result.verdict = Verdict.compile_error
+            errors = [ln for ln in b.log.splitlines() if "error" in ln]
+            self.result.summary = (errors or b.log.splitlines() or ["compile error"])[0][:300]
+            return False
+        if violations:
+            self.result.verdict = Verdict.forbidden
+            self.result.violations = violations
+            self.result.summary = f"{len(violations)} rule violation(s); first: {violations[0].detail}"
+            return False
+        return True
 
     # ---- stage 2: launch + rendezvous --------------------------------------------------------------------
     def launch(self) -> None:
@@ -524,4 +552,8 @@ def _tail(path: Path, limit: int) -> str:
 
 def evaluate(req: JudgeRequest) -> JudgeResult:
     """Run one evaluation to completion. Must be called in a process that will not run candidate code."""
+    if req.task["card"].get("language") == "cuda":
+        from .cuda_eval import DeviceHostEvaluation
+
+        return DeviceHostEvaluation(req).run()
     return Evaluation(req).run()

@@ -54,6 +54,8 @@ class CompileReport(StrictModel):
     ok: bool
     log: str = ""
     violations: list[Violation] = Field(default_factory=list)
+    cache_hit: bool = False
+    seconds: float = 0.0
 
 
 class CaseResult(StrictModel):

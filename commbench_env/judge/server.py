@@ -29,6 +29,9 @@ def _preload() -> None:
     from . import coordinator, rank  # noqa: F401
 
     golden.op_names()
+    from .cuda_build import detected_arch, nvcc_version
+
+    nvcc_version(), detected_arch()  # asked once here, inherited by every forked coordinator
 
 
 def _owner_alive(pid: int) -> bool:

@@ -1,0 +1,129 @@
+"""Evaluation of `cuda` tasks: the same stages as torch tasks, but one device-host process runs every rank.
+
+Only launching and the per-call messages differ; verification, timing statistics, verdicts and clean-up are the
+coordinator's, shared with torch tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from typing import Any
+
+from ..cards import CaseSpec, busbw_factor
+from .coordinator import Evaluation, RankFailure, RankProc
+from .protocol import decode_tensors
+from .result import CaseResult, Mismatch, SizeResult, Verdict
+
+
+def _split(flat: dict[str, Any], world: int) -> list[dict[str, Any]]:
+    per = [dict() for _ in range(world)]
+    for key, t in flat.items():
+        r, _, name = key.partition("/")
+        per[int(r)][name] = t
+    return per
+
+
+class DeviceHostEvaluation(Evaluation):
+    def launch(self) -> None:
+        from .device_host import device_host_main
+
+        t0 = time.monotonic()
+        spec = {"card": self.card.model_dump(mode="json"), "timeout_s": self.timeout_s,
+                "landlock": self.req.landlock, "device_mode": self.req.device_mode}
+        spec["card"]["cases"] = []
+        mine, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            mine.close()
+            device_host_main(self.world, theirs, spec, self.workdir, self.library)
+        theirs.close()
+        mine.setblocking(False)
+        self.ranks.append(RankProc(rank=0, pid=pid, sock=mine))
+        self.timings.launch_s = time.monotonic() - t0
+
+    def rendezvous(self) -> None:
+        t0 = time.monotonic()
+        self.gather([0], "ready")
+        self.timings.load_s = time.monotonic() - t0
+
+    def absorb(self, r: int, msg: tuple[dict, bytes], expect: str, case: str | None) -> None:
+        if msg[0].get("type") == "hung":
+            raise RankFailure(Verdict.timeout, f"time limit of {self.timeout_s:g}s reached; " + msg[0].get("error", "")
+                              + (f" (case {case})" if case else ""), case)
+        super().absorb(r, msg, expect, case)
+
+    def out_specs(self, case: CaseSpec, inputs: list[dict]) -> tuple[list[dict], list[dict]]:
+        expected = self.op.expected(case, self.world, inputs)
+        specs = []
+        for exp in expected:
+            d = {}
+            for name, t in exp.items():
+                dtype = case.dtype if t.is_floating_point() else str(t.dtype).removeprefix("torch.")
+                d[name] = {"shape": list(t.shape), "dtype": dtype}
+            specs.append(d)
+        return specs, expected
+
+    def run_case(self, case: CaseSpec) -> CaseResult:
+        t0 = time.monotonic()
+        seeds = [self.seed("case", case.name, r) for r in range(self.world)]
+        inputs = [self.op.make_inputs(case, r, self.world, seeds[r]) for r in range(self.world)]
+        specs, _ = self.out_specs(case, inputs)
+        self.send(self.ranks[0], {"cmd": "check", "case": case.model_dump(mode="json"), "seeds": seeds,
+                                  "out_specs": specs})
+        header, blob = self.gather([0], "result", case.name)[0]
+        outputs = _split(decode_tensors(header["outputs"], blob), self.world)
+        t1 = time.monotonic()
+        mutated = header.get("mutated") or []
+        if mutated and self.card.rules.inputs_read_only:
+            r, name = mutated[0]
+            mm = {"case": case.name, "rank": r, "output": name, "reason": "input_mutated",
+                  "detail": f"rank {r} wrote into its read-only input {name!r}"}
+        else:
+            mm = self.op.verify(case, self.world, inputs, outputs, self.tolerance(case))
+        self.timings.verify_s += time.monotonic() - t1
+        mismatch = Mismatch(hidden=not case.visible, **mm) if mm else None
+        return CaseResult(name=case.name, visible=case.visible, passed=mismatch is None, seconds=t1 - t0,
+                          mismatch=mismatch)
+
+    def bench_size(self, perf, size: int) -> SizeResult:
+        case = self.op.size_case(perf, size, self.world)
+        n_iter = perf.warmup + perf.iters
+        seeds = [[self.seed("bench", size, it, r) for it in range(n_iter)] for r in range(self.world)]
+        specs, _ = self.out_specs(case, [self.op.make_inputs(case, r, self.world, seeds[r][0]) for r in range(self.world)])
+        self.send(self.ranks[0], {"cmd": "bench", "case": case.model_dump(mode="json"), "seeds": seeds,
+                                  "warmup": perf.warmup, "out_specs": specs, "flush_l2": perf.flush_l2})
+        times = [[0.0] * perf.iters for _ in range(self.world)]
+        samples: list[tuple[int, int, dict]] = []
+        for it in range(n_iter):
+            header, _ = self.gather([0], "iter", case.name)[0]
+            if it < perf.warmup:
+                continue
+            for r in range(self.world):
+                times[r][it - perf.warmup] = header["ns"][r] / 1e3
+            self.send(self.ranks[0], {"sample_seed": self.seed("sample", size, it)})
+            h, blob = self.gather([0], "samples", case.name)[0]
+            for r, outs in enumerate(_split(decode_tensors(h["outputs"], blob), self.world)):
+                samples.append((it, r, outs))
+        t1 = time.monotonic()
+        # sampled positions are checked against op.expected (ops with a custom verify must keep expected too)
+        mismatch = self.verify_samples(case, size, seeds, samples, False)
+        self.timings.verify_s += time.monotonic() - t1
+        per_rank_mean = [sum(t) / len(t) for t in times]
+        per_iter_max = [max(times[r][i] for r in range(self.world)) for i in range(perf.iters)]
+        t_us = max(per_rank_mean)
+        nbytes = self.op.metric_bytes(case, self.world)
+        algbw = nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
+        flops = self.op.flops(case, self.world)
+        return SizeResult(size_bytes=size, dtype=case.dtype, count=int(case.shape[0]) if case.shape else 0,
+                          iters=perf.iters, warmup=perf.warmup, time_us=t_us,
+                          time_us_median=statistics.median(per_iter_max), time_us_min=min(per_iter_max),
+                          per_rank_mean_us=per_rank_mean, algbw_gbps=algbw,
+                          busbw_gbps=algbw * busbw_factor(self.op.nccl_op, self.world),
+                          tflops=flops / (t_us * 1e-6) / 1e12 if flops and t_us > 0 else 0.0,
+                          verified=mismatch is None, mismatch=mismatch)
+
+    def profile(self) -> None:
+        raise RankFailure(Verdict.infra_error, "profile is not implemented for cuda tasks yet; use benchmark")

@@ -1,0 +1,93 @@
+"""Building `cuda` candidates with the machine's nvcc (no GPU needed): cache, errors, symbols, entry points."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from commbench_env.judge.cuda_build import build
+
+pytestmark = pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc is not installed")
+
+GOOD = r'''
+#include "commbench.h"
+__global__ void pull(const float* src, float* dst, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = src[i];
+}
+CB_ENTRY ring_copy(const cb_args* a, cudaStream_t s) {
+  const float* src = (const float*)a->peer_in[(a->rank + a->world - 1) % a->world];
+  pull<<<(unsigned)((a->count + 255) / 256), 256, 0, s>>>(src, (float*)a->out, a->count);
+  return cudaGetLastError() != cudaSuccess;
+}
+'''
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "src" / "solution.cu"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+def _build(path: Path, cache: Path, **kw):
+    args = dict(card_arch="sm_90", links=[], extra_flags=[], functions=["ring_copy"], cache_dir=cache)
+    args.update(kw)
+    return build(path, **args)
+
+
+def test_build_then_cache_hit(tmp_path):
+    src = _write(tmp_path, GOOD)
+    first = _build(src, tmp_path / "cache")
+    assert first.ok and not first.cache_hit and not first.violations, first.log
+    assert Path(first.library).is_file()
+    assert any("registers" in ln for ln in first.ptxas)
+    t0 = time.monotonic()
+    again = _build(src, tmp_path / "cache")
+    assert again.ok and again.cache_hit and again.library == first.library
+    assert time.monotonic() - t0 < 0.5
+    changed = _build(_write(tmp_path, GOOD + "\n// edit\n"), tmp_path / "cache")
+    assert changed.ok and not changed.cache_hit
+
+
+def test_compile_error_has_line_number(tmp_path):
+    src = _write(tmp_path, GOOD.replace("dst[i] = src[i];", "dst[i] = undefined_name;"))
+    res = _build(src, tmp_path / "cache")
+    assert not res.ok
+    assert "solution.cu(5)" in res.log and "undefined_name" in res.log
+
+
+def test_missing_entry_point(tmp_path):
+    res = _build(_write(tmp_path, GOOD), tmp_path / "cache", functions=["something_else"])
+    assert not res.ok and "missing extern" in res.log and "something_else" in res.log
+
+
+@pytest.mark.parametrize("snippet,symbol", [
+    ('extern "C" int ncclAllReduce(const void*, void*, size_t, int, int, void*, void*);\n'
+     'CB_ENTRY use_nccl(const cb_args* a, cudaStream_t s) { return ncclAllReduce(a->in, a->out, 1, 0, 0, 0, s); }',
+     "ncclAllReduce"),
+    ('#include <stdlib.h>\nCB_ENTRY shell(const cb_args* a, cudaStream_t s) { return system("true"); }', "system"),
+    ('#include <dlfcn.h>\nCB_ENTRY loader(const cb_args* a, cudaStream_t s) { return dlopen("libnccl.so", 0) != 0; }',
+     "dlopen"),
+])
+def test_forbidden_symbols(tmp_path, snippet, symbol):
+    res = _build(_write(tmp_path, GOOD + snippet), tmp_path / "cache")
+    assert res.ok
+    assert any(symbol in v["detail"] for v in res.violations), res.violations
+
+
+def test_nccl_allowed_when_the_card_links_it():
+    from commbench_env.judge.cuda_build import check_symbols
+
+    assert check_symbols(["ncclAllReduce", "cudaMemcpyAsync"], links=["nccl"]) == []
+    assert check_symbols(["ncclAllReduce"], links=[])
+    assert check_symbols(["dlopen"], links=["nccl"])  # loaders stay forbidden whatever the card links
+
+
+def test_ptxas_lines_are_separated(tmp_path):
+    res = _build(_write(tmp_path, GOOD), tmp_path / "cache")
+    assert "ptxas" not in res.log
+    assert any("spill" in ln for ln in res.ptxas)
