@@ -15,7 +15,7 @@ from typing import Any
 from ..cards import CaseSpec, busbw_factor
 from .coordinator import Evaluation, RankFailure, RankProc
 from .protocol import decode_tensors
-from .result import CaseResult, Mismatch, SizeResult, Verdict
+from .result import CaseResult, Mismatch, RankProfile, SizeResult, Verdict
 
 
 def _split(flat: dict[str, Any], world: int) -> list[dict[str, Any]]:
@@ -126,4 +126,17 @@ class DeviceHostEvaluation(Evaluation):
                           verified=mismatch is None, mismatch=mismatch)
 
     def profile(self) -> None:
-        raise RankFailure(Verdict.infra_error, "profile is not implemented for cuda tasks yet; use benchmark")
+        """GPU kernels of one call (all ranks run in one process, so the table is for all of them)."""
+        vis = self.card.visible_cases()
+        case = max(vis, key=lambda c: self.op.metric_bytes(c, self.world))
+        seeds = [self.seed("profile", case.name, r) for r in range(self.world)]
+        specs, _ = self.out_specs(case, [self.op.make_inputs(case, r, self.world, seeds[r]) for r in range(self.world)])
+        self.send(self.ranks[0], {"cmd": "profile", "case": case.model_dump(mode="json"), "seeds": seeds,
+                                  "out_specs": specs})
+        h, _ = self.gather([0], "profile", case.name)[0]
+        for r in range(self.world):
+            wall = h["ns"][r] / 1e3
+            rows = h["rows"] if r == 0 else []
+            comm = sum(x["total_us"] for x in rows if x["kind"] == "comm")
+            self.result.profile.append(RankProfile(rank=r, case=case.name, wall_us=wall, comm_us=comm,
+                                                   compute_us=max(0.0, wall - comm), rows=rows))

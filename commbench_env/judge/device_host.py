@@ -293,6 +293,24 @@ class DeviceHost:
             meta, blob = encode_tensors(sampled)
             self.send({"type": "samples", "it": it, "outputs": meta}, blob)
 
+    def run_profile(self, msg: dict, case) -> None:
+        """One warm-up call, then one call under the torch profiler: a table of GPU kernels per rank."""
+        import torch.profiler as tp
+
+        bufs = self.prepare(case, msg["seeds"], msg["out_specs"])
+        self.scratch_for(bufs)
+        self.call_all(self.args_for(case, bufs))
+        with tp.profile(activities=[tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA]) as prof:
+            ns = self.call_all(self.args_for(case, bufs))
+        rows = []
+        for e in prof.key_averages():
+            t = float(getattr(e, "self_device_time_total", 0.0))
+            if t > 0:
+                rows.append({"name": e.key[:120], "kind": "comm" if "nccl" in e.key.lower() else "compute",
+                             "calls": int(e.count), "total_us": t, "mean_us": t / max(1, int(e.count))})
+        rows.sort(key=lambda r: r["total_us"], reverse=True)
+        self.send({"type": "profile", "ns": ns, "rows": rows[:15]})
+
     def serve(self) -> None:
         from ..cards import CaseSpec
 
@@ -303,7 +321,7 @@ class DeviceHost:
                 return
             try:
                 case = CaseSpec.model_validate(msg["case"])
-                {"check": self.run_check, "bench": self.run_bench}[cmd](msg, case)
+                {"check": self.run_check, "bench": self.run_bench, "profile": self.run_profile}[cmd](msg, case)
             except HungRanks as exc:
                 self.send({"type": "hung", "ranks": exc.ranks, "error": str(exc)})
             except BaseException as exc:  # noqa: BLE001 - report candidate-caused failures
