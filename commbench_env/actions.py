@@ -7,12 +7,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-TOOLS: tuple[str, ...] = ("compile", "check", "benchmark", "profile", "submit")
-TOOL_TO_MODE = {"compile": "compile", "check": "check", "benchmark": "benchmark", "profile": "profile", "submit": "full"}
+TOOLS: tuple[str, ...] = ("compile", "check", "benchmark", "profile", "submit", "sanitize")
+TOOL_TO_MODE = {"compile": "compile", "check": "check", "benchmark": "benchmark", "profile": "profile", "submit": "full",
+                "sanitize": "sanitize"}
 MAX_SOURCE_CHARS = 100_000
 
 ACTION_HELP = (
-    "An action is a dict {'tool': one of " + ", ".join(TOOLS) + " (or its index 0-4), "
+    "An action is a dict {'tool': one of " + ", ".join(TOOLS) + " (or its index 0-5; sanitize runs compute-sanitizer on CUDA tasks), "
     "'source': the full text of your solution file (or 'files': {filename: text}); "
     "an empty source reuses your last one}. A JSON string of that dict, or a message with a ```python block and a "
     "line 'tool: <name>', also works."

@@ -485,14 +485,7 @@ class Evaluation:
                 self.result.verdict = Verdict.infra_error
                 self.result.summary = f"{self.card.id} runs at world sizes {self.card.world.sizes}, not {self.world}"
                 return self.finish()
-            self.launch()
-            self.rendezvous()
-            if mode in ("check", "full"):
-                self.check()
-            if mode == "benchmark" or (mode == "full" and all(c.passed for c in self.result.cases)):
-                self.benchmark()
-            if mode == "profile":
-                self.profile()
+            self.run_mode()
         except RankFailure as f:
             self.result.verdict = f.verdict
             self.result.summary = f.summary
@@ -507,6 +500,21 @@ class Evaluation:
                 self.shutdown()
                 self.collect_ranks()
         return self.finish()
+
+    def run_mode(self) -> None:
+        """Launch the ranks and run the stages the mode asks for."""
+        mode = self.req.mode
+        if mode == "sanitize":
+            raise RankFailure(Verdict.infra_error, "sanitize runs compute-sanitizer on cuda tasks; this task is "
+                                                   f"written in {self.card.language.value}")
+        self.launch()
+        self.rendezvous()
+        if mode in ("check", "full"):
+            self.check()
+        if mode == "benchmark" or (mode == "full" and all(c.passed for c in self.result.cases)):
+            self.benchmark()
+        if mode == "profile":
+            self.profile()
 
     def finish(self) -> JudgeResult:
         r = self.result

@@ -7,15 +7,20 @@ coordinator's, shared with torch tasks.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import signal
 import socket
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
 from ..cards import CaseSpec, busbw_factor
 from .coordinator import Evaluation, RankFailure, RankProc
-from .protocol import decode_tensors
-from .result import CaseResult, Mismatch, RankProfile, SizeResult, Verdict
+from .protocol import decode_tensors, recv_msg, send_msg
+from .result import CaseResult, Mismatch, RankProfile, SanitizerReport, SizeResult, Verdict
 
 
 def _split(flat: dict[str, Any], world: int) -> list[dict[str, Any]]:
@@ -140,3 +145,73 @@ class DeviceHostEvaluation(Evaluation):
             comm = sum(x["total_us"] for x in rows if x["kind"] == "comm")
             self.result.profile.append(RankProfile(rank=r, case=case.name, wall_us=wall, comm_us=comm,
                                                    compute_us=max(0.0, wall - comm), rows=rows))
+
+    # ---- sanitize: compute-sanitizer on the smallest visible case --------------------------------------------
+    SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
+
+    def sanitize(self) -> None:
+        exe = shutil.which("compute-sanitizer")
+        if not exe:
+            raise RankFailure(Verdict.infra_error, "compute-sanitizer is not installed in this sandbox")
+        case = min(self.card.visible_cases(), key=lambda c: self.op.metric_bytes(c, self.world))
+        seeds = [self.seed("sanitize", case.name, r) for r in range(self.world)]
+        specs, _ = self.out_specs(case, [self.op.make_inputs(case, r, self.world, seeds[r]) for r in range(self.world)])
+        spec = {"card": self.card.model_dump(mode="json"), "timeout_s": self.timeout_s, "landlock": self.req.landlock,
+                "device_mode": self.req.device_mode}
+        spec["card"]["cases"] = []
+        for tool in self.SANITIZER_TOOLS:
+            left = self.deadline - time.monotonic()
+            if left < 5:
+                self.result.sanitizer.append(SanitizerReport(tool=tool, status="skipped", report="no time left"))
+                continue
+            self.result.sanitizer.append(self._sanitize_one(exe, tool, case, seeds, specs, spec, left))
+
+    def _sanitize_one(self, exe, tool, case, seeds, specs, spec, left: float) -> SanitizerReport:
+        mine, theirs = socket.socketpair()
+        cmd = [exe, "--tool", tool, "--print-limit", "20", "--error-exitcode", "0", sys.executable, "-m",
+               "commbench_env.judge.device_host", "--fd", str(theirs.fileno()), "--workdir", str(self.workdir)]
+        proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=self.workdir)
+        theirs.close()
+        status = "ok"
+        try:
+            mine.settimeout(left)
+            send_msg(mine, {"world": self.world, "spec": spec, "library": self.library})
+            header, _ = recv_msg(mine)
+            if header.get("type") != "ready":
+                status = f"did not start: {header.get('error', header.get('type'))}"
+            else:
+                send_msg(mine, {"cmd": "check", "case": case.model_dump(mode="json"), "seeds": seeds, "out_specs": specs})
+                header, _ = recv_msg(mine)
+                if header.get("type") in ("error", "hung"):
+                    status = f"the call failed: {header.get('error', '')}"
+                send_msg(mine, {"cmd": "exit"})
+            out, _ = proc.communicate(timeout=max(1.0, self.deadline - time.monotonic()))
+        except (OSError, EOFError, subprocess.TimeoutExpired, socket.timeout):
+            status = "time limit reached"
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out, _ = proc.communicate()
+        finally:
+            mine.close()
+        text = out.decode(errors="replace")
+        m = re.search(r"ERROR SUMMARY:\s*(\d+)", text)
+        errors = int(m.group(1)) if m else None
+        findings = [ln for ln in text.splitlines() if ln.startswith("=========")]
+        report = "\n".join(findings[:80]) or text[-3000:]
+        return SanitizerReport(tool=tool, status=status, errors=errors, report=report)
+
+    def run_mode(self) -> None:
+        if self.req.mode == "sanitize":
+            self.sanitize()
+            bad = [s for s in self.result.sanitizer if s.errors]
+            if bad:
+                self.result.verdict = Verdict.runtime_error
+                self.result.summary = "; ".join(f"{s.tool}: {s.errors} error(s)" for s in bad)
+            else:
+                self.result.summary = "; ".join(f"{s.tool}: {s.errors if s.errors is not None else '?'} error(s), {s.status}"
+                                                for s in self.result.sanitizer)
+        else:
+            super().run_mode()

@@ -334,15 +334,13 @@ class HungRanks(Exception):
         self.ranks = ranks
 
 
-def device_host_main(world: int, sock: socket.socket, spec: dict[str, Any], workdir: Path, library: str) -> NoReturn:
-    """Entry of the forked device-host process. Never returns."""
+def _enter_sandbox(rdir: Path, keep_fd: int, spec: dict[str, Any], redirect: bool) -> None:
+    """Own session, own folder, limits, non-dumpable; stdout/stderr to files unless a sanitizer reads them."""
     from .rank import _no_dump, _set_limits
 
-    code = 0
-    try:
-        os.setsid()
-        rdir = workdir / "rank0"
-        rdir.mkdir(parents=True, exist_ok=True)
+    os.setsid()
+    rdir.mkdir(parents=True, exist_ok=True)
+    if redirect:
         out = os.open(rdir / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         err = os.open(rdir / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -350,32 +348,46 @@ def device_host_main(world: int, sock: socket.socket, spec: dict[str, Any], work
         os.dup2(out, 1)
         os.dup2(err, 2)
         for fd in os.listdir("/proc/self/fd"):
-            if int(fd) not in (0, 1, 2, sock.fileno()):
+            if int(fd) not in (0, 1, 2, keep_fd):
                 try:
                     os.close(int(fd))
                 except OSError:
                     pass
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        os.chdir(rdir)
-        for var in ("TMPDIR", "HOME", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR"):
-            os.environ[var] = str(rdir)
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-        _set_limits(int(spec["timeout_s"]) + 5, None, 65536, 64)
-        _no_dump()
-        host = DeviceHost(world, sock, spec, library)
-        iso = {"landlock_abi": 0, "process": "one device host for all ranks"}
-        if spec.get("landlock", True):
-            from . import landlock
+    os.chdir(rdir)
+    for var in ("TMPDIR", "HOME", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR"):
+        os.environ[var] = str(rdir)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    _set_limits(int(spec["timeout_s"]) + 5, None, 65536, 64)
+    _no_dump()
 
-            readable = landlock.default_read_paths() + [str(Path(library).parent)]
-            iso["landlock_abi"] = landlock.restrict(writable=[str(rdir)] + (["/dev/shm"] if os.path.isdir("/dev/shm") else []),
-                                                    readable=readable, device_rw=["/dev"], scope_abstract_sockets=False)
-        host.load()  # the candidate's library (and its static initialisers) only inside the sandbox
-        send_msg(sock, {"type": "ready", "rendezvous_s": 0.0, "isolation": iso,
-                        "device": {"mode": spec["device_mode"], "devices": host.devices,
-                                   "gpu": host.torch.cuda.get_device_name(0)}})
-        host.serve()
+
+def _host_loop(world: int, sock: socket.socket, spec: dict[str, Any], library: str, rdir: Path,
+               extra_writable: tuple[str, ...] = ()) -> None:
+    host = DeviceHost(world, sock, spec, library)
+    iso = {"landlock_abi": 0, "process": "one device host for all ranks"}
+    if spec.get("landlock", True):
+        from . import landlock
+
+        writable = [str(rdir), *(p for p in ("/dev/shm", *extra_writable) if os.path.isdir(p))]
+        iso["landlock_abi"] = landlock.restrict(writable=writable, readable=landlock.default_read_paths()
+                                                + [str(Path(library).parent)], device_rw=["/dev"],
+                                                scope_abstract_sockets=False)
+    host.load()  # the candidate's library (and its static initialisers) only inside the sandbox
+    send_msg(sock, {"type": "ready", "rendezvous_s": 0.0, "isolation": iso,
+                    "device": {"mode": spec["device_mode"], "devices": host.devices,
+                               "gpu": host.torch.cuda.get_device_name(0)}})
+    host.serve()
+
+
+def device_host_main(world: int, sock: socket.socket, spec: dict[str, Any], workdir: Path, library: str) -> NoReturn:
+    """Entry of the forked device-host process. Never returns."""
+    code = 0
+    try:
+        rdir = workdir / "rank0"
+        _enter_sandbox(rdir, sock.fileno(), spec, redirect=True)
+        _host_loop(world, sock, spec, library, rdir)
     except EOFError:
         code = 3
     except BaseException as exc:  # noqa: BLE001
@@ -392,3 +404,36 @@ def device_host_main(world: int, sock: socket.socket, spec: dict[str, Any], work
         except Exception:  # noqa: BLE001
             pass
         os._exit(code)
+
+
+def main() -> None:
+    """`python -m commbench_env.judge.device_host --fd N --workdir DIR`: a fresh device host, e.g. under
+    compute-sanitizer. The first message on the socket carries world, spec and library."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    sock = socket.socket(fileno=a.fd)
+    code = 0
+    try:
+        init, _ = recv_msg(sock)
+        rdir = Path(a.workdir) / "sanitize"
+        _enter_sandbox(rdir, sock.fileno(), init["spec"], redirect=False)
+        _host_loop(int(init["world"]), sock, init["spec"], init["library"], rdir, extra_writable=("/tmp",))
+    except EOFError:
+        code = 3
+    except BaseException as exc:  # noqa: BLE001
+        traceback.print_exc()
+        try:
+            send_msg(sock, {"type": "load_error", "error": f"{type(exc).__name__}: {exc}"})
+        except OSError:
+            pass
+        code = 2
+    sys.stdout.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

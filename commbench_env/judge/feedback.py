@@ -68,6 +68,10 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
                          f"other {p.compute_us:.0f} us")
             for row in p.rows[:8]:
                 lines.append(f"    {row.kind:<8} {row.name:<40} calls {row.calls:>4}  total {row.total_us:>9.1f} us")
+    for sr in r.sanitizer:
+        lines += ["", f"compute-sanitizer {sr.tool}: {sr.errors if sr.errors is not None else '?'} error(s) ({sr.status})"]
+        if sr.errors:
+            lines.append(_indent(sr.report, 2, max_lines=25))
     if r.violations:
         lines += ["", "rule violations:"]
         lines += [f"  {v.where}{' line ' + str(v.line) if v.line else ''}{' rank ' + str(v.rank) if v.rank is not None else ''}: {v.detail}"

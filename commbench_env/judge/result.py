@@ -11,8 +11,8 @@ from ..config import StrictModel
 
 SCHEMA_VERSION = "1.0"
 
-Mode = Literal["compile", "check", "benchmark", "profile", "full"]
-MODES: tuple[str, ...] = ("compile", "check", "benchmark", "profile", "full")
+Mode = Literal["compile", "check", "benchmark", "profile", "full", "sanitize"]
+MODES: tuple[str, ...] = ("compile", "check", "benchmark", "profile", "full", "sanitize")
 
 
 class Verdict(str, Enum):
@@ -103,6 +103,13 @@ class RankProfile(StrictModel):
     rows: list[ProfileRow] = Field(default_factory=list)
 
 
+class SanitizerReport(StrictModel):
+    tool: str
+    status: str = "ok"
+    errors: int | None = None
+    report: str = ""
+
+
 class RankStatus(StrictModel):
     rank: int
     state: Literal["ok", "exited_early", "crashed", "hung", "killed", "not_started", "error"]
@@ -143,6 +150,7 @@ class JudgeResult(StrictModel):
     timings: Timings = Field(default_factory=Timings)
     hardware: dict = Field(default_factory=dict)
     isolation: dict = Field(default_factory=dict, description="which sandbox layers were active in the ranks")
+    sanitizer: list[SanitizerReport] = Field(default_factory=list)
 
     @property
     def correct(self) -> bool:
