@@ -76,7 +76,7 @@ def show_cmd(task: str = typer.Argument(..., help="task id, e.g. collective/allr
 @app.command("judge")
 def judge_cmd(task: str = typer.Argument(..., help="task id"),
               file: Optional[Path] = typer.Argument(None, help="candidate file (default: the task's reference)"),
-              mode: str = typer.Option("check", help="compile | check | benchmark | profile | full"),
+              mode: str = typer.Option("check", help="compile | check | benchmark | profile | full | sanitize"),
               world: Optional[int] = typer.Option(None, help="world size (default: the card's)"),
               sandbox: str = typer.Option("local-cpu", help="sandbox profile"),
               as_json: bool = typer.Option(False, "--json", help="print the whole JudgeResult as JSON")) -> None:
@@ -94,8 +94,12 @@ def judge_cmd(task: str = typer.Argument(..., help="task id"),
         w = world or t.card.world.default_size
         with open_sandbox(sandbox) as sb:
             client = JudgeClient(sb)
+            modes = [m.value for m in t.card.world.device_modes]
+            # compile needs no device: a cuda task can be built on a CPU machine
+            device_mode = modes[0] if mode == "compile" and sb.profile.device_mode not in modes else None
             try:
-                res = client.evaluate(t, {t.card.entry.file: source}, mode, w)  # type: ignore[arg-type]
+                res = client.evaluate(t, {t.card.entry.file: source}, mode, w,  # type: ignore[arg-type]
+                                      device_mode=device_mode)
             finally:
                 client.close()
     except (CommBenchError, OSError) as exc:
