@@ -1,0 +1,125 @@
+"""Measurement fidelity: our judge's busbw for plain NCCL calls against NVIDIA's nccl-tests, same GPUs, same sizes.
+
+nccl-tests must already be built (from its public source, outside this repository); point --nccl-tests-bin at its
+build folder. For each of all_reduce, all_gather, reduce_scatter, alltoall and sendrecv this runs the nccl-tests
+binary (one process, all GPUs) and our judge on a submission that calls the matching torch.distributed op, then
+prints busbw side by side and the ratio; target: within +-5 % at sizes >= 64 MiB.
+
+    python benchmarks/nccl_compare.py --nccl-tests-bin PATH/build [--sizes 67108864,268435456] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import subprocess
+from pathlib import Path
+
+import torch
+
+from commbench_env.cards import Task, TaskCard
+from commbench_env.judge.client import JudgeClient
+from commbench_env.sandbox import open_sandbox
+
+# op -> (nccl-tests binary, golden op, entry function, submission body, in-place run?)
+OPS = {
+    "all_reduce": ("all_reduce_perf", "all_reduce_sum", "all_reduce",
+                   "def all_reduce(x):\n    dist.all_reduce(x)\n    return x\n", True),
+    "all_gather": ("all_gather_perf", "all_gather_cat", "all_gather",
+                   "def all_gather(x):\n    out = torch.empty((dist.get_world_size() * x.shape[0],) + tuple(x.shape[1:]),"
+                   " dtype=x.dtype, device=x.device)\n    dist.all_gather_into_tensor(out, x)\n    return out\n", False),
+    "reduce_scatter": ("reduce_scatter_perf", "reduce_scatter_sum", "reduce_scatter",
+                       "def reduce_scatter(x):\n    out = torch.empty((x.shape[0] // dist.get_world_size(),) + "
+                       "tuple(x.shape[1:]), dtype=x.dtype, device=x.device)\n    dist.reduce_scatter_tensor(out, x)\n"
+                       "    return out\n", False),
+    "alltoall": ("alltoall_perf", "all_to_all", "all_to_all",
+                 "def all_to_all(x):\n    out = torch.empty_like(x)\n    dist.all_to_all_single(out, x)\n    return out\n",
+                 False),
+    "sendrecv": ("sendrecv_perf", "ring_shift", "ring_shift",
+                 "def ring_shift(x):\n    r, w = dist.get_rank(), dist.get_world_size()\n    out = torch.empty_like(x)\n"
+                 "    ops = [dist.P2POp(dist.isend, x, (r + 1) % w), dist.P2POp(dist.irecv, out, (r - 1) % w)]\n"
+                 "    for q in dist.batch_isend_irecv(ops):\n        q.wait()\n    return out\n", False),
+}
+
+
+def calibration_task(op: str, sizes: list[int], iters: int, warmup: int) -> Task:
+    """An in-memory task with nothing forbidden, so a submission may call NCCL directly."""
+    _, golden, fn, _, in_place = OPS[op]
+    card = TaskCard.model_validate({
+        "id": f"calibration/{op}", "title": f"calibration: {op}", "category": "collective", "difficulty": "easy",
+        "entry": {"file": "solution.py", "functions": [fn]},
+        "world": {"sizes": [2, 4, 8], "device_modes": ["cuda"]},
+        "rules": {"forbidden_apis": [], "inputs_read_only": not in_place},
+        "semantics": {"op": golden},
+        "cases": [{"name": "v", "shape": [1024]}, {"name": "h", "visible": False, "shape": [4096]}],
+        "performance": {"metric": "busbw", "sizes": sizes, "gpu_sizes": sizes, "warmup": warmup, "iters": iters},
+    })
+    task = Task.__new__(Task)
+    task.card, task.root, task.prompt, task.starter, task.hash = card, Path("."), "", "", f"calibration-{op}"
+    return task
+
+
+def nccl_tests(binary: Path, gpus: int, sizes: list[int], iters: int, warmup: int) -> dict[int, tuple[float, float]]:
+    """size -> (out-of-place busbw, in-place busbw) in GB/s."""
+    out = subprocess.run([str(binary), "-b", str(min(sizes)), "-e", str(max(sizes)), "-f", "4", "-g", str(gpus),
+                          "-n", str(iters), "-w", str(warmup), "-d", "float"], capture_output=True, text=True,
+                         timeout=600)
+    res = {}
+    for line in out.stdout.splitlines():
+        f = line.split()
+        # size count type redop root | time algbw busbw #wrong (out-of-place) | time algbw busbw #wrong (in-place)
+        if len(f) >= 11 and f[0].isdigit() and int(f[0]) in sizes and re.fullmatch(r"[0-9.]+", f[-6]):
+            res[int(f[0])] = (float(f[-6]), float(f[-2]))
+    if not res:
+        raise SystemExit(f"could not read {binary.name} output:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nccl-tests-bin", required=True)
+    ap.add_argument("--sizes", default="67108864,268435456")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--out", default="benchmarks/results")
+    a = ap.parse_args()
+    sizes = [int(s) for s in a.sizes.split(",")]
+    gpus = torch.cuda.device_count()
+    rows = []
+    with open_sandbox("local-gpu") as sb:
+        client = JudgeClient(sb)
+        for op in a.ops.split(","):
+            binary, _, fn, body, in_place = OPS[op]
+            ref = nccl_tests(Path(a.nccl_tests_bin) / binary, gpus, sizes, a.iters, a.warmup)
+            task = calibration_task(op, sizes, a.iters, a.warmup)
+            src = "import torch\nimport torch.distributed as dist\n\n\n" + body
+            res = client.evaluate(task, {"solution.py": src}, "benchmark", gpus, device_mode="cuda", timeout_s=600)
+            if res.verdict.value != "pass":
+                rows.append((op, "-", "-", "-", "-", f"judge: {res.verdict.value}: {res.summary[:80]}"))
+                continue
+            for s in res.benchmark:
+                oop, ip = ref.get(s.size_bytes, (0.0, 0.0))
+                theirs = ip if in_place else oop
+                ratio = s.busbw_gbps / theirs if theirs else float("nan")
+                rows.append((op, f"{s.size_bytes >> 20} MiB", f"{theirs:.1f}", f"{s.busbw_gbps:.1f}", f"{ratio:.3f}",
+                             "in-place" if in_place else "out-of-place"))
+                print(f"{op:<15} {s.size_bytes >> 20:>6} MiB  nccl-tests {theirs:8.1f}  judge {s.busbw_gbps:8.1f}  "
+                      f"ratio {ratio:.3f}", flush=True)
+        client.close()
+    head = ["op", "size", "nccl-tests busbw GB/s", "judge busbw GB/s", "judge / nccl-tests", "note"]
+    md = [f"# Judge vs nccl-tests, {gpus} x {torch.cuda.get_device_name(0)}",
+          f"- {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; nccl-tests -g {gpus} -n {a.iters} -w {a.warmup}; "
+          f"judge: mean over {a.iters} timed calls after {a.warmup} warm-up, max over ranks, device-wide sync per call",
+          "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"nccl_compare-{dt.date.today().isoformat()}-{gpus}gpu.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
