@@ -153,7 +153,7 @@ def main() -> None:
           "Figures in `cuda-shared` are emulated (all ranks on one GPU) and bounded by its copy bandwidth.", "",
           "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-    md += ["", f"roofline: " + "; ".join(f"{m}: {n} {b:.0f} GB/s" for m, (n, b) in roof.items() if b)]
+    md += ["", "roofline: " + "; ".join(f"{m}: {n} {b:.0f} GB/s" for m, (n, b) in roof.items() if b)]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpu_validate-{dt.date.today().isoformat()}-{gpus}gpu.md"
