@@ -3,7 +3,7 @@
     reward = 0                                              if not correct (plus optional shaping credit)
     reward = w_c + (1 - w_c) * perf_score                   if correct
     perf_score = clip(1 + log(speedup) / log(speed_floor), 0, 1)
-    speedup = geometric mean over benchmark sizes of t_reference / t_candidate
+    speedup = geometric mean over benchmark sizes of t_reference / t_candidate (median iteration, max over ranks)
 
 With the defaults (w_c = 0.5, speed_floor = 8): as fast as the reference or faster -> 1.0; half as fast -> 0.83;
 8x slower or worse -> 0.5; wrong -> 0. Bounded in [0, 1], monotonic in correctness and in bandwidth.
@@ -52,10 +52,13 @@ class RewardBreakdown(StrictModel):
 
 
 def speedup_vs_reference(candidate: list[SizeResult], reference: list[SizeResult]) -> tuple[float | None, list[SizeComparison]]:
+    """Per size, t_reference / t_candidate on the median iteration (max over ranks): the mean that nccl-tests
+    reports is kept for display, but one descheduled iteration should not move a reward."""
     ref = {s.size_bytes: s for s in reference}
-    rows = [SizeComparison(size_bytes=c.size_bytes, candidate_us=c.time_us, reference_us=ref[c.size_bytes].time_us,
-                           speedup=ref[c.size_bytes].time_us / c.time_us)
-            for c in candidate if c.size_bytes in ref and c.time_us > 0 and ref[c.size_bytes].time_us > 0]
+    rows = [SizeComparison(size_bytes=c.size_bytes, candidate_us=c.time_us_median,
+                           reference_us=ref[c.size_bytes].time_us_median,
+                           speedup=ref[c.size_bytes].time_us_median / c.time_us_median)
+            for c in candidate if c.size_bytes in ref and c.time_us_median > 0 and ref[c.size_bytes].time_us_median > 0]
     if not rows:
         return None, rows
     return math.exp(sum(math.log(r.speedup) for r in rows) / len(rows)), rows
