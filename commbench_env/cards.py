@@ -252,11 +252,18 @@ class Task:
         lines.append(f"- Write the file `{c.entry.file}` defining: {', '.join(c.entry.functions)}.")
         if c.rules.forbidden_apis:
             lines.append(f"- Forbidden: {', '.join(c.rules.forbidden_apis)} (checked statically and at run time).")
-        from .judge.rules import ALLOWED_IMPORTS
+        if c.language == Language.cuda:
+            links = ", ".join(c.cuda.links) if c.cuda and c.cuda.links else "none beyond the CUDA runtime"
+            lines.append("- Include \"commbench.h\" and declare each entry point as "
+                         "`CB_ENTRY name(const cb_args* args, cudaStream_t stream)`; enqueue work on `stream`, return 0.")
+            lines.append(f"- Libraries you may link: {links}. No loaders, processes, files or sockets.")
+        else:
+            from .judge.rules import ALLOWED_IMPORTS
 
-        allowed = sorted(ALLOWED_IMPORTS - {"__future__"}) + list(c.rules.extra_imports)
-        lines.append(f"- Imports allowed: {', '.join(allowed)} (torch includes torch.distributed).")
-        lines.append("- No file, process, socket or introspection APIs; data between ranks must travel through torch.distributed.")
+            allowed = sorted(ALLOWED_IMPORTS - {"__future__"}) + list(c.rules.extra_imports)
+            lines.append(f"- Imports allowed: {', '.join(allowed)} (torch includes torch.distributed).")
+            lines.append("- No file, process, socket or introspection APIs; data between ranks must travel through "
+                         "torch.distributed.")
         if c.rules.inputs_read_only:
             lines.append("- Inputs are read-only: do not modify them.")
         lines.append(f"- World sizes: {', '.join(str(s) for s in c.world.sizes)}; device modes: {', '.join(m.value for m in c.world.device_modes)}.")
@@ -267,7 +274,15 @@ class Task:
         p = c.performance
         lines += ["", "## Performance",
                   f"- metric: {p.metric}; sizes (bytes): {', '.join(_fmt_bytes(s) for s in p.sizes)}; dtype {p.dtype}."]
-        lines += ["", f"## Starter: {c.entry.file}", "```python", self.starter.rstrip(), "```"]
+        if p.gpu_sizes:
+            lines.append(f"- on GPUs the sizes are {', '.join(_fmt_bytes(s) for s in p.gpu_sizes)}.")
+        if c.language == Language.cuda:
+            from .judge.cuda_build import HEADER_DIR
+
+            lines += ["", "## commbench.h (the calling convention)", "```c",
+                      (HEADER_DIR / "commbench.h").read_text().rstrip(), "```"]
+        fence = "cuda" if c.language == Language.cuda else "python"
+        lines += ["", f"## Starter: {c.entry.file}", f"```{fence}", self.starter.rstrip(), "```"]
         return "\n".join(lines) + "\n"
 
 

@@ -30,8 +30,11 @@ def test_card_is_complete(task):
     view = t.agent_view()
     assert view.isascii(), "prompts are plain ASCII (the observation space is printable ASCII)"
     for fn in t.card.entry.functions:
-        assert f"def {fn}" in t.starter and fn in view
-    assert "NotImplementedError" in t.starter
+        assert fn in t.starter and fn in view
+        if t.card.language.value == "torch":
+            assert f"def {fn}" in t.starter
+    if t.card.language.value == "torch":
+        assert "NotImplementedError" in t.starter
     assert t.reference_source() not in view
     hidden = [c for c in t.card.cases if not c.visible]
     assert hidden and all(f"- {c.name}: shape=" not in view for c in hidden)

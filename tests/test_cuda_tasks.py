@@ -1,0 +1,67 @@
+"""CUDA tasks on a machine without a GPU: every reference and starter builds through the judge's compile mode."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from commbench_env.cards import load_all_tasks
+from commbench_env.judge.result import Verdict
+
+CUDA_TASKS = [t.id for t in load_all_tasks() if t.card.language.value == "cuda"]
+pytestmark = pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc is not installed")
+
+
+def _mode(task_id: str) -> str:
+    from commbench_env.cards import load_task
+
+    return load_task(task_id).card.world.device_modes[0].value
+
+
+@pytest.mark.parametrize("task", CUDA_TASKS)
+@pytest.mark.parametrize("which", ["reference", "starter"])
+def test_cuda_sources_compile(evaluate, task, which):
+    from commbench_env.cards import load_task
+
+    t = load_task(task)
+    source = t.reference_source() if which == "reference" else t.starter
+    res = evaluate(task, source, mode="compile", device_mode=_mode(task))
+    assert res.verdict == Verdict.compiled, res.feedback()
+    assert res.compile.ok and any("registers" in ln for ln in res.compile.log.splitlines())
+
+
+def test_there_are_cuda_tasks():
+    assert len(CUDA_TASKS) >= 8
+
+
+def test_compile_error_feedback_has_line_numbers(evaluate):
+    task = CUDA_TASKS[0]
+    from commbench_env.cards import load_task
+
+    t = load_task(task)
+    broken = t.starter + "\n__global__ void oops() { int x = ; }\n"
+    res = evaluate(task, broken, mode="compile", device_mode=_mode(task))
+    assert res.verdict == Verdict.compile_error
+    line = len(t.starter.splitlines()) + 2
+    assert f"solution.cu({line})" in res.compile.log, res.compile.log
+
+
+def test_unchanged_source_is_a_cache_hit(evaluate):
+    task = CUDA_TASKS[0]
+    from commbench_env.cards import load_task
+
+    t = load_task(task)
+    evaluate(task, t.reference_source(), mode="compile", device_mode=_mode(task))
+    again = evaluate(task, t.reference_source(), mode="compile", device_mode=_mode(task))
+    assert again.compile.cache_hit and again.compile.seconds < 0.1
+
+
+def test_check_without_a_gpu_is_a_clear_error(evaluate):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    task = CUDA_TASKS[0]
+    res = evaluate(task, mode="check", device_mode=_mode(task))
+    assert res.verdict == Verdict.runtime_error and "GPU" in res.summary
