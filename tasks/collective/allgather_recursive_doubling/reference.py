@@ -2,6 +2,13 @@ import torch
 import torch.distributed as dist
 
 
+def _exchange(send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int) -> None:
+    """Send and receive at once; batched so NCCL pairs them without deadlocking."""
+    ops = [dist.P2POp(dist.isend, send_buf, dst), dist.P2POp(dist.irecv, recv_buf, src)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
+
 def all_gather(x: torch.Tensor) -> torch.Tensor:
     rank, world = dist.get_rank(), dist.get_world_size()
     m = x.shape[0]
@@ -18,10 +25,7 @@ def all_gather(x: torch.Tensor) -> torch.Tensor:
     while d < world:
         partner = rank ^ d
         mine, theirs = (rank // d) * d, (partner // d) * d
-        reqs = [dist.irecv(out[theirs * m:(theirs + d) * m], partner),
-                dist.isend(out[mine * m:(mine + d) * m], partner)]
-        for r in reqs:
-            r.wait()
+        _exchange(out[mine * m:(mine + d) * m], partner, out[theirs * m:(theirs + d) * m], partner)
         d *= 2
     return out
 
@@ -31,7 +35,5 @@ def _ring(out, m, rank, world):
     right, left = (rank + 1) % world, (rank - 1) % world
     for step in range(world - 1):
         s, r = (rank - step) % world, (rank - step - 1) % world
-        reqs = [dist.irecv(out[r * m:(r + 1) * m], left), dist.isend(out[s * m:(s + 1) * m], right)]
-        for q in reqs:
-            q.wait()
+        _exchange(out[s * m:(s + 1) * m], right, out[r * m:(r + 1) * m], left)
     return out

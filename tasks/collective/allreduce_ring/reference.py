@@ -3,9 +3,11 @@ import torch.distributed as dist
 
 
 def _exchange(send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int) -> None:
-    """Send and receive at once; batched so NCCL pairs them without deadlocking."""
-    ops = [dist.P2POp(dist.isend, send_buf, dst), dist.P2POp(dist.irecv, recv_buf, src)]
-    for req in dist.batch_isend_irecv(ops):
+    """Send and receive at once; batched so NCCL pairs them without deadlocking. A chunk may be empty (fewer
+    elements than ranks); its peer then expects an empty one too, so both sides skip that message."""
+    ops = [dist.P2POp(op, t, peer) for op, t, peer in ((dist.isend, send_buf, dst), (dist.irecv, recv_buf, src))
+           if t.numel()]
+    for req in dist.batch_isend_irecv(ops) if ops else []:
         req.wait()
 
 

@@ -2,6 +2,13 @@ import torch
 import torch.distributed as dist
 
 
+def _exchange(send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int) -> None:
+    """Send and receive at once; batched so NCCL pairs them without deadlocking."""
+    ops = [dist.P2POp(dist.isend, send_buf, dst), dist.P2POp(dist.irecv, recv_buf, src)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
+
 def all_to_all(x: torch.Tensor) -> torch.Tensor:
     rank, world = dist.get_rank(), dist.get_world_size()
     m = x.shape[0] // world
@@ -20,7 +27,6 @@ def all_to_all(x: torch.Tensor) -> torch.Tensor:
             dst = srcr = rank ^ step
         else:     # shift schedule: send ahead by `step`, receive from behind by `step`
             dst, srcr = (rank + step) % world, (rank - step) % world
-        reqs = [dist.irecv(rows(out, srcr), srcr), dist.isend(rows(src, dst), dst)]
-        for r in reqs:
-            r.wait()
+        # step s on this rank pairs with step s on the peer: the same step number on both sides
+        _exchange(rows(src, dst), dst, rows(out, srcr), srcr)
     return out

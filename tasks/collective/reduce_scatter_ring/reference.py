@@ -2,6 +2,13 @@ import torch
 import torch.distributed as dist
 
 
+def _exchange(send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int) -> None:
+    """Send and receive at once; batched so NCCL pairs them without deadlocking."""
+    ops = [dist.P2POp(dist.isend, send_buf, dst), dist.P2POp(dist.irecv, recv_buf, src)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
+
 def reduce_scatter(x: torch.Tensor) -> torch.Tensor:
     rank, world = dist.get_rank(), dist.get_world_size()
     m = x.shape[0] // world
@@ -20,9 +27,7 @@ def reduce_scatter(x: torch.Tensor) -> torch.Tensor:
     bufs = [torch.empty_like(send_buf), torch.empty_like(send_buf)]
     for step in range(world - 1):
         incoming = bufs[step % 2]
-        reqs = [dist.irecv(incoming, left), dist.isend(send_buf, right)]
-        for r in reqs:
-            r.wait()
+        _exchange(send_buf, right, incoming, left)
         incoming += block((rank - step - 2) % world)
         send_buf = incoming
     return send_buf

@@ -28,7 +28,8 @@ def moe_forward(tokens: torch.Tensor, expert_ids: torch.Tensor,
     dist.all_to_all_single(recv_buf, send_buf, recv_splits, send_splits)
 
     # 4. experts: received rows are ordered (source rank, local expert); regroup by local expert
-    local_of_row = torch.arange(epr).repeat(world).repeat_interleave(rc.reshape(-1))
+    local_of_row = torch.arange(epr, device=tokens.device).repeat(world).repeat_interleave(
+        rc.reshape(-1), output_size=recv_buf.shape[0])
     group = torch.argsort(local_of_row, stable=True)
     grouped = recv_buf.index_select(0, group)
     processed = torch.empty_like(recv_buf)

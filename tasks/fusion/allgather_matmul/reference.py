@@ -10,13 +10,14 @@ def allgather_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     cur = x.contiguous()
     right, left = (rank + 1) % world, (rank - 1) % world
     # ring: at step s this rank holds x of rank (rank - s); it forwards that block to the right while it
-    # multiplies it, and receives the next one from the left
+    # multiplies it, and receives the next one from the left. The send and the receive of a step go out as one
+    # batch (NCCL issues it as one group, so the ring cannot deadlock); the matmul runs while they are in flight.
     for step in range(world):
         reqs = []
         nxt = None
         if step < world - 1:
             nxt = torch.empty_like(cur)
-            reqs = [dist.isend(cur, right), dist.irecv(nxt, left)]
+            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, cur, right), dist.P2POp(dist.irecv, nxt, left)])
         torch.matmul(cur, w, out=blocks[(rank - step) % world])
         for r in reqs:
             r.wait()

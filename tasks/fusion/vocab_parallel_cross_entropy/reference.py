@@ -4,7 +4,7 @@ import torch.distributed as dist
 
 def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     rank = dist.get_rank()
-    n_rows, v = logits_shard.shape
+    v = logits_shard.shape[1]
     x = logits_shard if logits_shard.dtype in (torch.float32, torch.float64) else logits_shard.float()
 
     # 1. global row maximum
@@ -14,7 +14,7 @@ def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, targets: torch.Tens
     # 2. target logit, from the one rank whose shard holds it, as a gap m - target_logit (exact for close values)
     local = targets - rank * v
     mine = (local >= 0) & (local < v)
-    picked = x[torch.arange(n_rows), local.clamp(0, v - 1)]
+    picked = x.gather(1, local.clamp(0, v - 1).unsqueeze(1)).squeeze(1)
     gap = torch.where(mine, m - picked, torch.zeros_like(m))
 
     # 3. one sum all-reduce for both the sum of exp(x - m) and the gap
