@@ -172,3 +172,72 @@ class VocabParallelCrossEntropy(GoldenOp):
     def metric_bytes(self, case, world):
         b, v = (int(s) for s in case.shape)
         return b * v * _elem(case.dtype)
+
+
+@register
+class AllReduceResidualRMSNorm(GoldenOp):
+    """`allreduce_residual_rmsnorm(x, residual, weight, eps) -> y`: the tensor-parallel block epilogue.
+
+    case.shape = [T, d]. Rank r holds its partial activations x_r [T, d] (random, its own seed); every rank holds
+    the same residual [T, d] and norm weight [d], drawn from `params.shared_seed` (int, default 0), the world
+    size and the shape, so all ranks and the coordinator agree on them. With h = sum_r x_r + residual, every rank
+    returns y = h / sqrt(mean(h * h, last dim) + eps) * weight, shape [T, d]. eps = `params.eps_e9` * 1e-9
+    (an integer, so that cuda tasks can pass it through cb_args.params; default 1000, i.e. eps = 1e-6).
+    nccl-tests size: the all-reduced tensor, T * d elements.
+    """
+
+    name = "allreduce_residual_rmsnorm"
+    nccl_op = "all_reduce"
+    functions = ("allreduce_residual_rmsnorm",)
+
+    def validate_case(self, case):
+        if len(case.shape) != 2 or any(int(s) < 1 for s in case.shape):
+            raise ValueError(f"shape must be [tokens, hidden] with both >= 1, got {case.shape}")
+        if not to_dtype(case.dtype).is_floating_point:
+            raise ValueError(f"dtype must be a floating type, got {case.dtype}")
+        unknown = set(case.params) - {"shared_seed", "eps_e9"}
+        if unknown:
+            raise ValueError(f"unknown params {sorted(unknown)} (known: shared_seed, eps_e9)")
+        for key in ("shared_seed", "eps_e9"):
+            v = case.params.get(key, 0)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"params.{key} must be an integer, got {v!r}")
+        if int(case.params.get("eps_e9", 1000)) < 1:
+            raise ValueError("params.eps_e9 must be >= 1 (eps in units of 1e-9)")
+
+    @staticmethod
+    def eps(case) -> float:
+        return int(case.params.get("eps_e9", 1000)) * 1e-9
+
+    def shared(self, case, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual and weight every rank holds."""
+        t, d = (int(s) for s in case.shape)
+        seed = (int(case.params.get("shared_seed", 0)) * 1_000_003 + world * 10_007 + t * 101 + d) & 0x7FFF_FFFF
+        g = generator(seed)
+        return rand([t, d], case.dtype, g), rand([d], case.dtype, g)
+
+    def make_inputs(self, case, rank, world, seed):
+        residual, weight = self.shared(case, world)
+        return {"x": rand(case.shape, case.dtype, generator(seed)), "residual": residual, "weight": weight}
+
+    def call(self, fns, inputs, case, rank, world):
+        y = fns["allreduce_residual_rmsnorm"](inputs["x"], inputs["residual"], inputs["weight"], self.eps(case))
+        return {"y": expect_tensor(y, "allreduce_residual_rmsnorm's return value")}
+
+    def expected(self, case, world, inputs):
+        h = torch.stack([wide(i["x"]) for i in inputs]).sum(0) + wide(inputs[0]["residual"])
+        y = h * torch.rsqrt((h * h).mean(dim=-1, keepdim=True) + self.eps(case)) * wide(inputs[0]["weight"])
+        return [{"y": narrow(y, case.dtype)} for _ in range(world)]
+
+    def size_case(self, perf, size_bytes, world):
+        """`size_bytes` is the all-reduced tensor, T * d elements; d comes from perf params (default 4096)."""
+        from ..cards import CaseSpec
+
+        params = dict(perf.params)
+        d = int(params.pop("d", 4096))
+        t = max(1, size_bytes // (d * _elem(perf.dtype)))
+        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[t, d], dtype=perf.dtype, params=params)
+
+    def flops(self, case, world):
+        t, d = (int(s) for s in case.shape)
+        return float(t * d * (world + 5))  # adds of the reduction, residual, square-sum, scale, weight

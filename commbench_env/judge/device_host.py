@@ -361,6 +361,9 @@ def _enter_sandbox(rdir: Path, keep_fd: int, spec: dict[str, Any], redirect: boo
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     _set_limits(int(spec["timeout_s"]) + 5, None, 65536, 64)
     _no_dump()
+    # One hardware queue per rank stream: with the default 8 connections, two ranks' streams can share a queue,
+    # and work queued behind one rank's spinning kernel would keep another rank's kernel from ever starting.
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 
 def _host_loop(world: int, sock: socket.socket, spec: dict[str, Any], library: str, rdir: Path,
