@@ -242,7 +242,44 @@ def trace_list(folder: Path = typer.Argument(..., help="a run folder or a traces
     console.print(table)
 
 
-@app.command("sandboxes")
+sandbox_app = typer.Typer(no_args_is_help=True, help="Sandbox profiles, images and containers.")
+app.add_typer(sandbox_app, name="sandbox")
+
+
+@sandbox_app.command("build")
+def sandbox_build(profile: str = typer.Argument(..., help="a docker profile, e.g. docker-cpu"),
+                  force: bool = typer.Option(False, help="rebuild even if the image is up to date")) -> None:
+    """Build the image a docker profile needs (the CPU image needs no registry)."""
+    from .sandbox import load_profile
+    from .sandbox.images import build_image
+
+    try:
+        prof = load_profile(profile)
+        with console.status(f"building the image of {profile}") as status:
+            def progress(line: str) -> None:
+                status.update(f"building the image of {profile}: {line[:100]}")
+                if line.startswith(("$", "Step", "debootstrap", "docker", "collecting", "base", "profile")) or "up to date" in line:
+                    console.print(f"  {line[:160]}", markup=False, highlight=False)
+
+            tag = build_image(prof, progress, force=force)
+    except CommBenchError as exc:
+        _fail(exc)
+    console.print(f"[green]ready:[/] {tag}")
+
+
+@sandbox_app.command("prune")
+def sandbox_prune(all_: bool = typer.Option(False, "--all", help="remove every commbench container, not only orphans")) -> None:
+    """Remove commbench containers whose owner process is gone (left by a killed run)."""
+    from .sandbox.docker_backend import prune
+
+    try:
+        removed = prune(all_containers=all_)
+    except CommBenchError as exc:
+        _fail(exc)
+    console.print(f"removed {len(removed)} container(s)" + (f": {', '.join(removed)}" if removed else ""))
+
+
+@sandbox_app.command("list")
 def sandboxes_cmd() -> None:
     """List sandbox profiles."""
     from .sandbox import list_profiles, load_profile

@@ -44,7 +44,7 @@ class JudgeClient:
         if self._server_socket == sock:
             return sock
         res = self.sandbox.exec([self.sandbox.python, "-m", "commbench_env.judge", "serve", "--socket", sock,
-                                 "--owner-pid", str(os.getpid())], timeout=120)
+                                 "--owner-pid", str(self.sandbox.owner_pid)], timeout=120)
         if res.returncode != 0:
             try:
                 log = self.sandbox.read_file(sock.replace(".sock", ".log")).decode(errors="replace")

@@ -38,7 +38,7 @@ class HardwareInfo(StrictModel):
 
     @property
     def fingerprint(self) -> str:
-        key = "|".join([self.cpu_model, str(self.cpu_count), ",".join(self.gpus), self.driver, self.torch])
+        key = "|".join([self.backend, self.cpu_model, str(self.cpu_count), ",".join(self.gpus), self.driver, self.torch])
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -84,6 +84,13 @@ class Sandbox(ABC):
     @property
     def alive(self) -> bool:
         return True
+
+    @property
+    def owner_pid(self) -> int:
+        """A host process whose death should stop servers left in the sandbox (0: the sandbox's own lifetime)."""
+        import os
+
+        return os.getpid()
 
     def __enter__(self) -> "Sandbox":
         self.start()

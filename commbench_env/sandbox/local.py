@@ -73,7 +73,7 @@ class LocalSandbox(Sandbox):
         pythonpath = os.pathsep.join(p for p in (str(package_parent()), os.environ.get("PYTHONPATH", "")) if p)
         env.update({"HOME": self.workdir, "TMPDIR": str(Path(self.workdir) / "tmp"), "PYTHONPATH": pythonpath,
                     "PYTHONDONTWRITEBYTECODE": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1",
-                    "PYTHONUNBUFFERED": "1", "COMMBENCH_SANDBOX": self.workdir})
+                    "PYTHONUNBUFFERED": "1", "COMMBENCH_SANDBOX": self.workdir, "TORCH_CPP_LOG_LEVEL": "ERROR"})
         if self.profile.gpus.ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.profile.gpus.ids)
         env.update(self.profile.env)

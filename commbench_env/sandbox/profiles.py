@@ -8,7 +8,6 @@ from typing import Literal
 from pydantic import Field
 
 from ..config import StrictModel, list_cards, load_named_card
-from ..errors import CardError
 from ..paths import sandboxes_dir
 from .base import Sandbox
 
@@ -28,6 +27,20 @@ class GpuSelection(StrictModel):
     shared: bool = Field(default=False, description="allow episodes to share GPUs (docker/pool scheduler)")
 
 
+class DockerSpec(StrictModel):
+    """Container settings of docker profiles."""
+
+    image: str | None = Field(default=None, description="use this image as is; default: the one built from `flavor`")
+    flavor: Literal["cpu", "cuda"] = Field(default="cpu", description="which dockerfiles/<flavor>/Dockerfile to build")
+    base: str | None = Field(default=None, description="base image (build arg BASE); cpu default: a debootstrap base")
+    memory_mb: int = Field(default=8192, description="memory limit of the whole container (swap included)")
+    cpus: float | None = Field(default=None, description="CPU limit of the container; None: no limit")
+    workdir_mb: int = Field(default=1024, description="size of the writable work folder (a tmpfs)")
+    shm_mb: int = Field(default=1024, description="/dev/shm size (NCCL's shared-memory transport uses it)")
+    mount_package: bool = Field(default=True, description="mount this host's commbench_env read-only over the image's "
+                                "copy, so the judge in the container is the host's version without a rebuild")
+
+
 class SandboxProfile(StrictModel):
     name: str
     description: str = ""
@@ -41,6 +54,7 @@ class SandboxProfile(StrictModel):
     env: dict[str, str] = Field(default_factory=dict)
     limits: Limits = Field(default_factory=Limits)
     gpus: GpuSelection = Field(default_factory=GpuSelection)
+    docker: DockerSpec = Field(default_factory=DockerSpec)
     source: str = Field(default="", exclude=True)
 
 
@@ -59,4 +73,6 @@ def open_sandbox(profile: SandboxProfile | str) -> Sandbox:
         from .local import LocalSandbox
 
         return LocalSandbox(prof)
-    raise CardError(f"{prof.source or prof.name}: field 'backend': {prof.backend!r} is not available in this version")
+    from .docker_backend import DockerSandbox
+
+    return DockerSandbox(prof)
