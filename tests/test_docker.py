@@ -157,3 +157,23 @@ def test_gpu_leases_are_disjoint(tmp_path):
     assert set(c.ids) == set(a.ids)
     b.release()
     c.release()
+
+
+@pytest.mark.parametrize("name,verdicts", [
+    ("runtime_socket_channel", {"forbidden"}),
+    ("runtime_file_channel", {"forbidden"}),
+    ("runtime_subprocess", {"forbidden"}),
+    ("runtime_sigterm_sleep", {"timeout"}),
+])
+def test_attacks_fail_cleanly_in_a_container(sb, name, verdicts):
+    """The judge's own layers still hold in a container (static check off: the run-time layers alone)."""
+    from .conftest import ATTACKS
+
+    task = load_task("collective/allreduce_ring")
+    client = JudgeClient(sb)
+    try:
+        res = client.evaluate(task, {"solution.py": (ATTACKS / f"{name}.py").read_text()}, "check", 2,
+                              static_check=False, timeout_s=4)
+    finally:
+        client.close()
+    assert res.verdict.value in verdicts, res.feedback()
