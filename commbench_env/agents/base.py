@@ -20,6 +20,8 @@ BUILTIN_KINDS = {
     "reference": "commbench_env.agents.reference:ReferenceAgent",
     "scripted": "commbench_env.agents.scripted:ScriptedAgent",
     "replay": "commbench_env.agents.replay:ReplayAgent",
+    "openai": "commbench_env.agents.openai_agent:OpenAIAgent",
+    "anthropic": "commbench_env.agents.anthropic_agent:AnthropicAgent",
 }
 
 

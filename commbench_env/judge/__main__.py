@@ -11,15 +11,6 @@ import os
 import sys
 
 
-def _no_dump() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: the secret on stdin stays unreadable
-    except Exception:  # noqa: BLE001
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m commbench_env.judge")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -45,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "stop":
         server.stop(a.socket)
         return 0
-    _no_dump()
+    from .isolate import no_dump
+
+    no_dump()  # the secret arrives on stdin: other processes of this user must not read this one's memory
     raw = sys.stdin.buffer.read()
     out = server.forward(a.server, raw, a.timeout) if a.server and os.path.exists(a.server) else None
     if out is None:

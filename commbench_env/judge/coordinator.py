@@ -347,6 +347,11 @@ class Evaluation:
         t1 = time.monotonic()
         mismatch = self.verify_samples(case, size, seeds, samples, full)
         self.timings.verify_s += time.monotonic() - t1
+        return self.size_result(case, size, perf, times, mismatch)
+
+    def size_result(self, case: CaseSpec, size: int, perf, times: list[list[float]],
+                    mismatch: Mismatch | None) -> SizeResult:
+        """nccl-tests statistics from times[rank][iteration] in microseconds."""
         per_rank_mean = [sum(t) / len(t) for t in times]
         per_iter_max = [max(times[r][i] for r in range(self.world)) for i in range(perf.iters)]
         t_us = max(per_rank_mean)  # nccl-tests: average over iterations, max over ranks

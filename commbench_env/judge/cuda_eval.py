@@ -11,13 +11,12 @@ import re
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
 from typing import Any
 
-from ..cards import CaseSpec, busbw_factor
+from ..cards import CaseSpec
 from .coordinator import Evaluation, RankFailure, RankProc
 from .protocol import decode_tensors, recv_msg, send_msg
 from .result import CaseResult, Mismatch, RankProfile, SanitizerReport, SizeResult, Verdict
@@ -116,19 +115,7 @@ class DeviceHostEvaluation(Evaluation):
         # sampled positions are checked against op.expected (ops with a custom verify must keep expected too)
         mismatch = self.verify_samples(case, size, seeds, samples, False)
         self.timings.verify_s += time.monotonic() - t1
-        per_rank_mean = [sum(t) / len(t) for t in times]
-        per_iter_max = [max(times[r][i] for r in range(self.world)) for i in range(perf.iters)]
-        t_us = max(per_rank_mean)
-        nbytes = self.op.metric_bytes(case, self.world)
-        algbw = nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
-        flops = self.op.flops(case, self.world)
-        return SizeResult(size_bytes=size, dtype=case.dtype, count=int(case.shape[0]) if case.shape else 0,
-                          iters=perf.iters, warmup=perf.warmup, time_us=t_us,
-                          time_us_median=statistics.median(per_iter_max), time_us_min=min(per_iter_max),
-                          per_rank_mean_us=per_rank_mean, algbw_gbps=algbw,
-                          busbw_gbps=algbw * busbw_factor(self.op.nccl_op, self.world),
-                          tflops=flops / (t_us * 1e-6) / 1e12 if flops and t_us > 0 else 0.0,
-                          verified=mismatch is None, mismatch=mismatch)
+        return self.size_result(case, size, perf, times, mismatch)
 
     def profile(self) -> None:
         """GPU kernels of one call (all ranks run in one process, so the table is for all of them)."""

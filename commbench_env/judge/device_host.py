@@ -9,9 +9,7 @@ The judge owns every buffer (inputs, outputs, scratch, flags) and passes raw poi
 from __future__ import annotations
 
 import ctypes
-import faulthandler
 import os
-import signal
 import socket
 import sys
 import threading
@@ -20,6 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import isolate
 from .protocol import encode_tensors, recv_msg, send_msg
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
@@ -336,31 +335,8 @@ class HungRanks(Exception):
 
 def _enter_sandbox(rdir: Path, keep_fd: int, spec: dict[str, Any], redirect: bool) -> None:
     """Own session, own folder, limits, non-dumpable; stdout/stderr to files unless a sanitizer reads them."""
-    from .rank import _no_dump, _set_limits
-
-    os.setsid()
-    rdir.mkdir(parents=True, exist_ok=True)
-    if redirect:
-        out = os.open(rdir / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        err = os.open(rdir / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        for fd in os.listdir("/proc/self/fd"):
-            if int(fd) not in (0, 1, 2, keep_fd):
-                try:
-                    os.close(int(fd))
-                except OSError:
-                    pass
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    os.chdir(rdir)
-    for var in ("TMPDIR", "HOME", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR"):
-        os.environ[var] = str(rdir)
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    _set_limits(int(spec["timeout_s"]) + 5, None, 65536, 64)
-    _no_dump()
+    isolate.enter(rdir, (keep_fd,), cpu_s=int(spec["timeout_s"]) + 5, memory_mb=None, open_files=65536,
+                  redirect=redirect)
     # One hardware queue per rank stream: with the default 8 connections, two ranks' streams can share a queue,
     # and work queued behind one rank's spinning kernel would keep another rank's kernel from ever starting.
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")

@@ -3,11 +3,8 @@ the coordinator; the candidate module is loaded only after all of that is captur
 
 from __future__ import annotations
 
-import faulthandler
 import linecache
 import os
-import resource
-import signal
 import socket
 import sys
 import traceback
@@ -16,41 +13,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import isolate
 from .device import RankDevice
 from .guard import CommProfiler, Guard, install_audit_hook, install_tripwires
 from .protocol import encode_tensors, recv_msg, send_msg
 from .rules import expand_forbidden
 
 SAMPLES_PER_OUTPUT = 256
-
-
-def _set_limits(cpu_s: int, memory_mb: int | None, nofile: int, fsize_mb: int) -> None:
-    def setl(which: int, value: int) -> None:
-        soft, hard = resource.getrlimit(which)
-        if hard != resource.RLIM_INFINITY:
-            value = min(value, hard)
-        try:
-            resource.setrlimit(which, (value, hard if hard != resource.RLIM_INFINITY else value))
-        except (ValueError, OSError):
-            pass
-
-    setl(resource.RLIMIT_CPU, cpu_s)
-    setl(resource.RLIMIT_NOFILE, nofile)
-    setl(resource.RLIMIT_FSIZE, fsize_mb << 20)
-    setl(resource.RLIMIT_CORE, 0)
-    if memory_mb:
-        setl(resource.RLIMIT_AS, memory_mb << 20)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-
-
-def _no_dump() -> None:
-    """Make this process non-dumpable: other processes of the same user cannot read its memory through /proc."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except Exception:  # noqa: BLE001 - best effort on exotic libcs
-        pass
 
 
 def _candidate_traceback(exc: BaseException, filename: str) -> str:
@@ -284,36 +253,8 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
     """Entry of a freshly forked rank process. Never returns."""
     code = 0
     try:
-        os.setsid()
-        rdir = workdir / f"rank{rank}"
-        rdir.mkdir(parents=True, exist_ok=True)
-        out = os.open(rdir / "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        err = os.open(rdir / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        stack = os.open(rdir / "stack.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        keep = {0, 1, 2, sock.fileno(), stack, *keep_fds}
-        for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
-            fd_i = int(fd)
-            if fd_i not in keep:
-                try:
-                    os.close(fd_i)
-                except OSError:
-                    pass
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        os.chdir(rdir)
-        # torch writes caches (the profiler imports inductor) under TMPDIR: keep them in the rank's own folder
-        for var in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "HOME", "XDG_CACHE_HOME"):
-            os.environ[var] = str(rdir)
-        import tempfile
-
-        tempfile.tempdir = str(rdir)
-        faulthandler.register(signal.SIGUSR1, file=os.fdopen(stack, "w"), all_threads=True)
-        _set_limits(int(spec["timeout_s"]) + 5, spec.get("memory_mb"), 1024, 64)
-        _no_dump()
+        isolate.enter(workdir / f"rank{rank}", (sock.fileno(), *keep_fds), cpu_s=int(spec["timeout_s"]) + 5,
+                      memory_mb=spec.get("memory_mb"), open_files=1024)
         h = RankHarness(rank, world, sock, spec, workdir)
         h.setup()
         try:
