@@ -37,7 +37,7 @@ def docker_client():
     try:
         import docker
     except ImportError as exc:
-        raise SandboxError("the docker backend needs the docker SDK: pip install 'commbench-env[docker]'") from exc
+        raise SandboxError("the docker backend needs the docker SDK: pip install docker") from exc
     try:
         client = docker.from_env(timeout=120)
         client.ping()

@@ -55,6 +55,12 @@ def _torch_version() -> str:
         return ""
 
 
+def _requirements() -> list[str]:
+    """This package's runtime requirements, from its installed metadata (extras left out)."""
+    reqs = metadata.requires("commbench-env") or []
+    return [r for r in reqs if "extra ==" not in r]
+
+
 def image_for(profile: SandboxProfile, client) -> str:
     """The image a docker profile runs; SandboxError with the command to build it when it is missing."""
     import docker
@@ -107,12 +113,17 @@ def build_context(profile: SandboxProfile, ctx: Path, progress: Progress) -> Non
     repo = PACKAGE_DIR.parent
     if not (repo / "pyproject.toml").is_file():
         raise SandboxError("building an image needs the project's source tree (pyproject.toml beside commbench_env)")
-    pins = [f"torch=={_torch_version()}"] if profile.docker.flavor == "cpu" and _torch_version() else []
-    cmd = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), str(repo), *pins]
-    if profile.docker.flavor == "cuda":
-        cmd.insert(4, "--no-deps")
-    progress("collecting wheels (the package" + (f" and {pins[0]}" if pins else "") + ")")
-    _run(cmd, progress, timeout=1800)
+    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels)]
+    if profile.docker.flavor == "cpu":
+        pins = [f"torch=={_torch_version()}"] if _torch_version() else []
+        progress("collecting wheels (the package, its dependencies" + (f", {pins[0]}" if pins else "") + ")")
+        _run([*pip, str(repo), *pins], progress, timeout=1800)
+        return
+    # cuda: torch comes with the NVIDIA base; everything else travels as wheels
+    progress("collecting wheels (the package and its dependencies except torch)")
+    _run([*pip, "--no-deps", str(repo)], progress, timeout=1800)
+    deps = [d for d in _requirements() if not d.lower().startswith("torch")]
+    _run([*pip, *deps], progress, timeout=1800)
 
 
 def build_image(profile: SandboxProfile, progress: Progress = lambda s: None, force: bool = False) -> str:
