@@ -171,6 +171,73 @@ def run_cmd(tasks: str = typer.Option("smoke", help="selector: smoke | all | a c
     console.print(f"results: {out / 'results.jsonl'}")
 
 
+@app.command("eval")
+def eval_cmd(agent: str = typer.Option(..., help="agent card name or path"),
+             tasks: str = typer.Option("all", help="task selector: all | smoke | a category | ids | globs"),
+             sandbox: str = typer.Option("local-cpu", help="sandbox profile"),
+             parallel: int = typer.Option(1, help="episodes at once (capped by the sandbox's GPUs)"),
+             samples: int = typer.Option(1, help="episodes per task (for pass@k)"),
+             world: Optional[int] = typer.Option(None, help="world size where a task allows it"),
+             max_turns: Optional[int] = typer.Option(None, "--max-turns", help="turn budget (default: the card's)"),
+             out: Path = typer.Option(..., help="run folder; re-running the same command resumes it")) -> None:
+    """Evaluate an agent: traces and results.jsonl in OUT; finished episodes are skipped on restart."""
+    from .cards import select_tasks
+    from .evaluation import run_eval
+
+    try:
+        selected = select_tasks(tasks)
+    except CommBenchError as exc:
+        _fail(exc)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        bar = progress.add_task("episodes", total=len(selected) * samples)
+
+        def on_event(kind: str, data: dict) -> None:
+            if kind == "plan":
+                progress.update(bar, completed=data["skipped"])
+                if data["skipped"]:
+                    console.print(f"resuming: {data['skipped']} episode(s) already done, {data['todo']} to go")
+            elif kind == "done":
+                progress.advance(bar)
+                status = data.get("verdict") or data.get("status")
+                progress.console.print(f"  {data['key']}: {status}, reward {data.get('reward', 0.0):.3f}"
+                                       + (f" (infra error: {data.get('error', '')[:80]})" if data["status"] != "done" else ""))
+            elif kind == "infra_error":
+                progress.console.print(f"  [yellow]{data['key']}: infrastructure error, retrying[/] ({data['error'][:100]})")
+
+        try:
+            run_eval(agent, selected, sandbox=sandbox, out=out, parallel=parallel, samples=samples, world=world,
+                     max_turns=max_turns, on_event=on_event)
+        except CommBenchError as exc:
+            _fail(exc)
+    console.print(f"done: {out / 'results.jsonl'}; `commbench report {out}` summarises it")
+
+
+@app.command("report")
+def report_cmd(runs: list[Path] = typer.Argument(..., help="one or more run folders (side by side)"),
+               out: Optional[Path] = typer.Option(None, help="where report.md and the plots go (default: first run)")) -> None:
+    """Leaderboard metrics of runs, recomputed from their traces, with plots and a Markdown summary."""
+    from .report import build_report
+
+    for r in runs:
+        if not (r / "traces").is_dir():
+            _fail(CommBenchError(f"{r} is not a run folder (no traces/ inside)"))
+    target = out or runs[0] / "report"
+    all_metrics, md, pngs = build_report(runs, target)
+    ks = sorted({k for m in all_metrics for k in m.pass_at})
+    table = Table(title="runs")
+    for col in ("run", "agent", "episodes", "mean reward", "pass rate", "PASS+Good", "GM speedup", "Pass x GM",
+                *[f"pass@{k}" for k in ks], "turns to pass", "tokens/ep", "cost/ep $"):
+        table.add_column(col)
+    for m in all_metrics:
+        table.add_row(m.run, m.agent, str(m.episodes), f"{m.mean_reward:.3f}", f"{m.pass_rate:.3f}",
+                      f"{m.pass_good:.3f}", f"{m.gm_speedup:.3f}", f"{m.pass_x_gm:.3f}",
+                      *[f"{m.pass_at[k]:.3f}" if k in m.pass_at else "-" for k in ks],
+                      _fmt(m.turns_to_first_pass, ".2f"), f"{m.tokens_per_episode:.0f}", f"{m.cost_per_episode:.4f}")
+    console.print(table)
+    console.print(f"written {md} and {', '.join(str(p) for p in pngs)}")
+
+
 @app.command("validate")
 def validate_cmd(tasks: str = typer.Option("all", help="task selector"),
                  worlds: str = typer.Option("2,4", help="world sizes to check, where each task allows them"),

@@ -1,0 +1,116 @@
+"""Evaluation runs (parallel, samples, resume, infrastructure retries) and reports recomputed from traces."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from commbench_env.agents.base import AgentCard
+from commbench_env.cards import select_tasks
+from commbench_env.evaluation import RESULTS, run_eval
+from commbench_env.report import build_report, pass_at_k
+from commbench_env.trace import TRACE_SCHEMA, TraceWriter
+
+TASKS = "p2p/ring_shift,collective/allreduce_ring"
+SUBMIT = AgentCard(name="reference-submit", kind="reference", max_turns=2, params={"plan": ["submit:reference"]})
+
+
+def test_eval_runs_samples_in_parallel_and_resumes(tmp_path):
+    tasks = select_tasks(TASKS)
+    first = run_eval(SUBMIT, tasks, sandbox="local-cpu", out=tmp_path, parallel=2, samples=2, world=2)
+    assert len(first) == 4 and all(r["status"] == "done" and r["correct"] for r in first)
+    assert len(list((tmp_path / "traces").glob("*.jsonl"))) == 4
+    # an interrupted run: the last result line never got written
+    lines = (tmp_path / RESULTS).read_text().splitlines()
+    (tmp_path / RESULTS).write_text("\n".join(lines[:-1]) + "\n")
+    missing = json.loads(lines[-1])["key"]
+    second = run_eval(SUBMIT, tasks, sandbox="local-cpu", out=tmp_path, parallel=2, samples=2, world=2)
+    assert [r["key"] for r in second] == [missing]
+    assert len(run_eval(SUBMIT, tasks, sandbox="local-cpu", out=tmp_path, samples=2, world=2)) == 0
+
+
+class FlakyInfraAgent:
+    """Raises an infrastructure error the first time it acts (as a dead sandbox would), then submits."""
+
+    failures = 0
+
+    def __init__(self, card):
+        self.name = card.name
+        from commbench_env.agents.reference import ReferenceAgent
+
+        self.inner = ReferenceAgent(AgentCard(name=card.name, kind="reference", params={"plan": ["submit:reference"]}))
+
+    def reset(self, observation, info):
+        self.inner.reset(observation, info)
+
+    def act(self, observation, info):
+        from commbench_env.errors import SandboxError
+
+        if FlakyInfraAgent.failures == 0:
+            FlakyInfraAgent.failures += 1
+            raise SandboxError("the sandbox died")
+        return self.inner.act(observation, info)
+
+    def close(self):
+        pass
+
+
+def test_infrastructure_errors_are_retried_not_scored(tmp_path):
+    card = AgentCard(name="flaky", kind="tests.test_eval_report:FlakyInfraAgent", max_turns=2)
+    recs = run_eval(card, select_tasks("p2p/ring_shift"), sandbox="local-cpu", out=tmp_path, world=2)
+    assert recs[0]["status"] == "done" and recs[0]["attempts"] == 2 and recs[0]["correct"]
+    assert len(list((tmp_path / "traces").glob("*.jsonl"))) == 1  # the failed attempt left no trace behind
+
+
+def test_pass_at_k_matches_the_formula():
+    assert pass_at_k(5, 0, 1) == 0.0 and pass_at_k(5, 5, 3) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(4, 2))
+
+
+def _fake_trace(path, task, category, rewards_parts, agent="m", meta=None):
+    """A trace in the real format with a chosen outcome (what a run of a model would have written)."""
+    w = TraceWriter(path)
+    w.write({"type": "episode_start", "schema": TRACE_SCHEMA, "task_id": task, "task_hash": "h",
+             "task_card": {"category": category, "difficulty": "medium", "language": "torch"}, "agent": {"name": agent}})
+    turns = len(rewards_parts)
+    for i, (verdict, parts) in enumerate(rewards_parts, 1):
+        w.write({"type": "step", "turn": i, "action": {"tool": "submit" if i == turns else "check"},
+                 "judge_result": {"verdict": verdict, "mode": "full" if i == turns else "check"},
+                 "reward": parts.get("reward", 0.0) if i == turns else 0.0, "reward_parts": parts, "meta": meta or {}})
+    w.write({"type": "episode_end", "reward": rewards_parts[-1][1].get("reward", 0.0), "turns": turns})
+    w.close()
+
+
+def test_report_matches_a_hand_calculation(tmp_path):
+    run = tmp_path / "runA"
+    t = run / "traces"
+    ok_fast = {"reward": 1.0, "correct": True, "speedup": 2.0, "band": "better"}
+    ok_slow = {"reward": 0.75, "correct": True, "speedup": 0.5, "band": "degraded"}
+    wrong = {"reward": 0.0, "correct": False}
+    meta = {"tokens_in": 100, "tokens_out": 50, "cost_usd": 0.01}
+    _fake_trace(t / "a1.jsonl", "p2p/x", "p2p", [("wrong_answer", {}), ("pass", ok_fast)], meta=meta)
+    _fake_trace(t / "a2.jsonl", "p2p/x", "p2p", [("wrong_answer", wrong)], meta=meta)
+    _fake_trace(t / "b1.jsonl", "collective/y", "collective", [("pass", ok_slow)], meta=meta)
+    _fake_trace(t / "b2.jsonl", "collective/y", "collective", [("pass", ok_fast)], meta=meta)
+    (t / "partial.jsonl").write_text('{"type": "episode_start", "schema": "commbench-trace/1", "task_id": "z"}\n')
+    other = tmp_path / "runB"
+    _fake_trace(other / "traces" / "c.jsonl", "p2p/x", "p2p", [("pass", ok_fast)], agent="n")
+    (m, mb), md, pngs = build_report([run, other], tmp_path / "out")
+    assert m.episodes == 4 and m.tasks == 2  # the unfinished trace is not counted
+    assert m.mean_reward == pytest.approx((1.0 + 0 + 0.75 + 1.0) / 4)
+    assert m.pass_rate == pytest.approx(3 / 4)
+    assert m.pass_good == pytest.approx(2 / 4)
+    assert m.gm_speedup == pytest.approx((2.0 * 0.5 * 2.0) ** (1 / 3))
+    assert m.pass_x_gm == pytest.approx(0.75 * m.gm_speedup)
+    assert m.pass_at[1] == pytest.approx((0.5 + 1.0) / 2) and m.pass_at[2] == pytest.approx(1.0)
+    assert m.turns_to_first_pass == pytest.approx((2 + 1 + 1) / 3)
+    assert m.tokens_per_episode == pytest.approx((150 * 2 + 150 + 150 + 150) / 4)
+    assert m.cost_per_episode == pytest.approx((0.02 + 0.01 + 0.01 + 0.01) / 4)
+    assert m.by["category"]["p2p"]["pass_rate"] == pytest.approx(0.5)
+    assert mb.agent == "n" and mb.pass_rate == 1.0
+    text = md.read_text()
+    assert "| runA | m | 4 | 2 | 0.688 | 0.750 | 0.500 |" in text and "runB" in text
+    assert all(p.is_file() and p.stat().st_size > 1000 for p in pngs)
