@@ -21,3 +21,7 @@ class SandboxError(CommBenchError):
 
 class JudgeInfraError(SandboxError):
     """The judge could not produce a result for reasons outside the candidate's control."""
+
+
+class AgentError(CommBenchError):
+    """The model provider refused or failed (bad key, bad request, retries exhausted); the message says what to fix."""

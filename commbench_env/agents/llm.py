@@ -40,12 +40,8 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 
 from ..actions import TOOLS
 from ..config import StrictModel, format_validation_error
-from ..errors import CardError, CommBenchError
+from ..errors import AgentError, CardError
 from .base import AgentCard
-
-
-class AgentError(CommBenchError):
-    """The model provider refused or failed (bad key, bad request, retries exhausted); the message says what to fix."""
 
 
 class LLMParams(StrictModel):
@@ -75,8 +71,8 @@ class LLMParams(StrictModel):
 
 _TOOL_DOC = {
     "compile": "Build/import your file and run the static checks only (fast).",
-    "check": "Run the correctness tests on the task's world size.",
-    "benchmark": "Run the correctness tests and time your code against the reference.",
+    "check": "Run the visible and hidden correctness cases at the task's world size.",
+    "benchmark": "Time your code at the task's benchmark sizes (every timed output is verified too).",
     "profile": "Run your code under the profiler and report where time goes.",
     "submit": "Final scoring (correctness + performance). Ends the episode.",
     "sanitize": "Run compute-sanitizer on CUDA tasks (memory/race checks).",
@@ -265,7 +261,7 @@ class LLMAgent:
         turn = Turn(reply=reply)
         action = self._to_action(reply, turn)
         self.turns.append(turn)
-        if isinstance(action, dict):
+        if isinstance(action, dict) and action["tool"] in TOOLS:  # else the env rejects it and drops its meta
             action["meta"] = {"message": (reply.text or reply.refusal or "")[:4000], "tokens_in": c["tokens_in"],
                               "tokens_out": c["tokens_out"], "cost_usd": round(c["cost_usd"], 8),
                               "model": self.params.model, "calls": c["calls"]}
@@ -302,7 +298,8 @@ class LLMAgent:
                 # a string action: the env parses it, fails, and answers with its parse-error observation
                 return raw if raw.lstrip().startswith("{") else "{" + raw
             turn.tool = call.name
-            # an unknown function name goes to the env as is; it answers with 'unknown tool'
+            if call.name not in TOOLS:  # sent as is: the env answers 'unknown tool'
+                turn.note = f"There is no tool {call.name!r}; the tools are {', '.join(TOOLS)}. The environment answered:"
             return {"tool": call.name, "source": args.get("source", "") or ""}
         text = reply.text or reply.refusal or ""
         tool, source = parse_text_reply(text)
@@ -321,8 +318,8 @@ class LLMAgent:
         if self.params.context == "full" or len(self.turns) <= self.params.keep_turns:
             return self.task_text, self.turns
         old, kept = self.turns[: -self.params.keep_turns], self.turns[-self.params.keep_turns:]
-        lines = ["", "", f"[Earlier turns 1-{len(old)}, summarised: the code is omitted, the feedback cut to its "
-                 "first lines]"]
+        lines = ["", "", (f"[Earlier turns 1-{len(old)}, summarised: the code is omitted, the feedback cut to "
+                          "its first lines]")]
         for i, t in enumerate(old, 1):
             lines.append(f"turn {i}: tool {t.tool or '(none/invalid)'} ->")
             lines.append("  " + summarise(t.result_text(), self.params.summary_lines).replace("\n", "\n  "))

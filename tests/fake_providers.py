@@ -1,0 +1,178 @@
+"""Real HTTP servers on 127.0.0.1 that speak the OpenAI Chat Completions and Anthropic Messages wire protocols.
+
+A `FakeProvider` serves a script: each POST to its endpoint takes the next scripted reply (status, headers, JSON
+body). Every request is recorded (path, headers, decoded JSON, arrival time) so tests can assert on what the real
+SDK clients sent. When the script runs out the server answers 400, which the agents do not retry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Scripted:
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Recorded:
+    path: str
+    headers: dict[str, str]  # names lower-cased
+    body: Any
+    t: float
+
+
+# -- OpenAI Chat Completions ----------------------------------------------------------------------------
+
+def _chat(message: dict[str, Any], finish: str, tokens_in: int, tokens_out: int, model: str) -> Scripted:
+    return Scripted(200, {
+        "id": f"chatcmpl-{next(_ids)}", "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out},
+    })
+
+
+def openai_tool_call(tool: str, source: str = "", *, arguments: str | None = None, text: str | None = None,
+                     tokens_in: int = 1000, tokens_out: int = 200, model: str = "fake-gpt") -> Scripted:
+    """A reply with one function call; `arguments` replaces the JSON {"source": ...} (e.g. malformed text)."""
+    args = json.dumps({"source": source}) if arguments is None else arguments
+    msg = {"role": "assistant", "content": text, "refusal": None,
+           "tool_calls": [{"id": f"call_{next(_ids)}", "type": "function",
+                           "function": {"name": tool, "arguments": args}}]}
+    return _chat(msg, "tool_calls", tokens_in, tokens_out, model)
+
+
+def openai_text(text: str, *, tokens_in: int = 1000, tokens_out: int = 200, model: str = "fake-gpt") -> Scripted:
+    return _chat({"role": "assistant", "content": text, "refusal": None}, "stop", tokens_in, tokens_out, model)
+
+
+def openai_refusal(text: str = "I can't help with that.", **kw: Any) -> Scripted:
+    return _chat({"role": "assistant", "content": None, "refusal": text}, "stop", kw.get("tokens_in", 10),
+                 kw.get("tokens_out", 5), kw.get("model", "fake-gpt"))
+
+
+def openai_error(status: int, message: str, *, headers: dict[str, str] | None = None) -> Scripted:
+    kind = {400: "invalid_request_error", 401: "invalid_request_error", 429: "rate_limit_exceeded"}.get(status,
+                                                                                                       "server_error")
+    code = {401: "invalid_api_key", 429: "rate_limit_exceeded"}.get(status)
+    return Scripted(status, {"error": {"message": message, "type": kind, "param": None, "code": code}}, headers or {})
+
+
+# -- Anthropic Messages ---------------------------------------------------------------------------------
+
+def _message(content: list[dict[str, Any]], stop: str, tokens_in: int, tokens_out: int, model: str) -> Scripted:
+    return Scripted(200, {
+        "id": f"msg_{next(_ids)}", "type": "message", "role": "assistant", "model": model, "content": content,
+        "stop_reason": stop, "stop_sequence": None,
+        "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out},
+    })
+
+
+def anthropic_tool_use(tool: str, source: str = "", *, tool_input: Any = None, text: str | None = None,
+                       tokens_in: int = 1000, tokens_out: int = 200, model: str = "fake-claude") -> Scripted:
+    """A reply with one tool_use block; `tool_input` replaces {"source": ...} (e.g. a non-object)."""
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    content.append({"type": "tool_use", "id": f"toolu_{next(_ids)}", "name": tool,
+                    "input": {"source": source} if tool_input is None else tool_input})
+    return _message(content, "tool_use", tokens_in, tokens_out, model)
+
+
+def anthropic_text(text: str, *, tokens_in: int = 1000, tokens_out: int = 200, model: str = "fake-claude") -> Scripted:
+    return _message([{"type": "text", "text": text}], "end_turn", tokens_in, tokens_out, model)
+
+
+def anthropic_refusal(text: str = "I can't help with that.", **kw: Any) -> Scripted:
+    return _message([{"type": "text", "text": text}], "refusal", kw.get("tokens_in", 10), kw.get("tokens_out", 5),
+                    kw.get("model", "fake-claude"))
+
+
+def anthropic_error(status: int, message: str, *, headers: dict[str, str] | None = None) -> Scripted:
+    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+            429: "rate_limit_error", 529: "overloaded_error"}.get(status, "api_error")
+    return Scripted(status, {"type": "error", "error": {"type": kind, "message": message}}, headers or {})
+
+
+# -- the server -----------------------------------------------------------------------------------------
+
+class FakeProvider:
+    """`FakeProvider("openai")` serves POST /v1/chat/completions; `FakeProvider("anthropic")` POST /v1/messages."""
+
+    PATHS: ClassVar[dict[str, str]] = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
+
+    def __init__(self, provider: str, script: list[Scripted] | None = None):
+        self.provider = provider
+        self.path = self.PATHS[provider]
+        self.script: list[Scripted] = list(script or [])
+        self.requests: list[Recorded] = []
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, reply: Scripted) -> None:
+                data = json.dumps(reply.body).encode()
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in reply.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # http.server's name
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    body = json.loads(raw or b"null")
+                except json.JSONDecodeError:
+                    body = raw.decode(errors="replace")
+                with fake._lock:
+                    fake.requests.append(Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body,
+                                                  time.monotonic()))
+                    reply = fake.script.pop(0) if fake.script and self.path == fake.path else None
+                if reply is None:
+                    err = openai_error if fake.provider == "openai" else anthropic_error
+                    why = "script exhausted" if self.path == fake.path else f"unknown path {self.path}"
+                    reply = err(400, f"fake {fake.provider} server: {why}")
+                self._send(reply)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        """What the SDK wants: the OpenAI SDK appends /chat/completions, the Anthropic SDK /v1/messages."""
+        root = f"http://127.0.0.1:{self.port}"
+        return root + "/v1" if self.provider == "openai" else root
+
+    def add(self, *replies: Scripted) -> FakeProvider:
+        with self._lock:
+            self.script.extend(replies)
+        return self
+
+    def bodies(self) -> list[Any]:
+        return [r.body for r in self.requests]
+
+    def __enter__(self) -> FakeProvider:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
