@@ -72,10 +72,7 @@ class JudgeClient:
                            cache_dir=os.path.join(self.sandbox.workdir, "cuda-cache"))
         limit = (timeout_s or task.card.limits.timeout_s) + JUDGE_MARGIN_S
         cmd = [self.sandbox.python, "-m", "commbench_env.judge", "run", "--timeout", str(limit)]
-        try:
-            server = self._ensure_server()
-        except SandboxError:
-            raise
+        server = self._ensure_server()
         if server:
             cmd += ["--server", server]
         res = self.sandbox.exec(cmd, timeout=limit, input=req.model_dump_json().encode())
