@@ -11,10 +11,8 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
-import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -362,27 +360,12 @@ def _host_loop(world: int, sock: socket.socket, spec: dict[str, Any], library: s
 
 def device_host_main(world: int, sock: socket.socket, spec: dict[str, Any], workdir: Path, library: str) -> NoReturn:
     """Entry of the forked device-host process. Never returns."""
-    code = 0
-    try:
+    def body() -> None:
         rdir = workdir / "rank0"
         _enter_sandbox(rdir, sock.fileno(), spec, redirect=True)
         _host_loop(world, sock, spec, library, rdir)
-    except EOFError:
-        code = 3
-    except BaseException as exc:  # noqa: BLE001
-        traceback.print_exc()
-        try:
-            send_msg(sock, {"type": "load_error", "error": f"{type(exc).__name__}: {exc}"})
-        except OSError:
-            pass
-        code = 2
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001
-            pass
-        os._exit(code)
+
+    isolate.run_then_exit(body, lambda err: send_msg(sock, {"type": "load_error", "error": err}))
 
 
 def main() -> None:
@@ -395,23 +378,14 @@ def main() -> None:
     ap.add_argument("--workdir", required=True)
     a = ap.parse_args()
     sock = socket.socket(fileno=a.fd)
-    code = 0
-    try:
+
+    def body() -> None:
         init, _ = recv_msg(sock)
         rdir = Path(a.workdir) / "sanitize"
         _enter_sandbox(rdir, sock.fileno(), init["spec"], redirect=False)
         _host_loop(int(init["world"]), sock, init["spec"], init["library"], rdir, extra_writable=("/tmp",))
-    except EOFError:
-        code = 3
-    except BaseException as exc:  # noqa: BLE001
-        traceback.print_exc()
-        try:
-            send_msg(sock, {"type": "load_error", "error": f"{type(exc).__name__}: {exc}"})
-        except OSError:
-            pass
-        code = 2
-    sys.stdout.flush()
-    os._exit(code)
+
+    isolate.run_then_exit(body, lambda err: send_msg(sock, {"type": "load_error", "error": err}))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ import os
 import resource
 import signal
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 
 def set_limits(cpu_s: int, memory_mb: int | None, nofile: int, fsize_mb: int) -> None:
@@ -73,3 +76,28 @@ def enter(rdir: Path, keep_fds: tuple[int, ...], *, cpu_s: int, memory_mb: int |
     faulthandler.register(signal.SIGUSR1, file=os.fdopen(stack, "w"), all_threads=True)
     set_limits(cpu_s, memory_mb, open_files, 64)
     no_dump()
+
+
+def run_then_exit(body: Callable[[], None], report: Callable[[str], None] | None = None) -> NoReturn:
+    """Run a sandboxed process's body and end it with os._exit: 0 when done, 3 when the coordinator went away,
+    2 on an error (printed to stderr and, through `report`, told to the coordinator when it still listens)."""
+    code = 0
+    try:
+        body()
+    except EOFError:
+        code = 3
+    except BaseException as exc:  # noqa: BLE001 - anything, SystemExit included, ends the process here
+        traceback.print_exc()
+        if report is not None:
+            try:
+                report(f"{type(exc).__name__}: {exc}")
+            except OSError:
+                pass
+        code = 2
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+        os._exit(code)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import linecache
 import os
 import socket
-import sys
 import traceback
 import types
 from datetime import timedelta
@@ -251,8 +250,7 @@ def _same(a, b) -> bool:
 def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], workdir: Path,
               keep_fds: tuple[int, ...] = ()) -> NoReturn:
     """Entry of a freshly forked rank process. Never returns."""
-    code = 0
-    try:
+    def body() -> None:
         isolate.enter(workdir / f"rank{rank}", (sock.fileno(), *keep_fds), cpu_s=int(spec["timeout_s"]) + 5,
                       memory_mb=spec.get("memory_mb"), open_files=1024)
         h = RankHarness(rank, world, sock, spec, workdir)
@@ -266,15 +264,5 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
             h.send({"type": "ready", "rendezvous_s": h.rendezvous_s, "isolation": h.isolation,
                     "device": h.dev.describe()})
             h.serve()
-    except EOFError:
-        code = 3
-    except BaseException:  # noqa: BLE001 - report harness failures on stderr, exit non-zero
-        traceback.print_exc()
-        code = 2
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001
-            pass
-        os._exit(code)
+
+    isolate.run_then_exit(body)  # harness failures go to the rank's stderr; the coordinator sees the exit
