@@ -1,7 +1,9 @@
-"""Real HTTP servers on 127.0.0.1 that speak the OpenAI Chat Completions and Anthropic Messages wire protocols.
+"""Real HTTP servers on 127.0.0.1 that speak the OpenAI Chat Completions, OpenAI Responses and Anthropic Messages
+wire protocols.
 
-A `FakeProvider` serves a script: each POST to its endpoint takes the next scripted reply (status, headers, JSON
-body). Every request is recorded (path, headers, decoded JSON, arrival time) so tests can assert on what the real
+A `FakeProvider` serves a script: each POST to one of its endpoints takes the next scripted reply (status, headers,
+JSON body; the fake OpenAI server serves both /v1/chat/completions and /v1/responses from one script, so a test
+scripts the reply shape of the API it exercises). Every request is recorded (path, headers, decoded JSON, arrival time) so tests can assert on what the real
 SDK clients sent. When the script runs out the server answers 400, which the agents do not retry.
 """
 
@@ -69,6 +71,59 @@ def openai_error(status: int, message: str, *, headers: dict[str, str] | None = 
     return Scripted(status, {"error": {"message": message, "type": kind, "param": None, "code": code}}, headers or {})
 
 
+# -- OpenAI Responses -----------------------------------------------------------------------------------------
+
+def _response(output: list[dict[str, Any]], tokens_in: int, tokens_out: int, model: str, *,
+              status: str = "completed", incomplete: str | None = None) -> Scripted:
+    """The JSON of a non-streamed POST /v1/responses (store=false, so nothing is kept server side)."""
+    now = int(time.time())
+    return Scripted(200, {
+        "id": f"resp_{next(_ids)}", "object": "response", "created_at": now, "model": model, "status": status,
+        "completed_at": now if status == "completed" else None, "background": False,
+        "error": None, "incomplete_details": {"reason": incomplete} if incomplete else None,
+        "instructions": None, "max_output_tokens": None, "max_tool_calls": None, "metadata": {},
+        "output": output, "parallel_tool_calls": True, "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None}, "service_tier": "default", "store": False,
+        "temperature": 1.0, "text": {"format": {"type": "text"}, "verbosity": "medium"}, "tool_choice": "auto",
+        "tools": [], "top_p": 1.0, "truncation": "disabled", "user": None,
+        "usage": {"input_tokens": tokens_in, "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens": tokens_out, "output_tokens_details": {"reasoning_tokens": 0},
+                  "total_tokens": tokens_in + tokens_out},
+    })
+
+
+def _output_message(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": f"msg_{next(_ids)}", "type": "message", "status": "completed", "role": "assistant",
+            "content": parts}
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def responses_tool_call(tool: str, source: str = "", *, arguments: str | None = None, text: str | None = None,
+                        extra_calls: tuple[str, ...] = (), tokens_in: int = 1000, tokens_out: int = 200,
+                        model: str = "fake-gpt") -> Scripted:
+    """A Responses reply with a function_call item (after an optional message); `arguments` replaces the JSON
+    {"source": ...}; `extra_calls` adds further function calls (tool names, empty source)."""
+    args = json.dumps({"source": source}) if arguments is None else arguments
+    output: list[dict[str, Any]] = [_output_message([_output_text(text)])] if text else []
+    for name, a in [(tool, args), *[(t, json.dumps({"source": ""})) for t in extra_calls]]:
+        n = next(_ids)
+        output.append({"id": f"fc_{n}", "type": "function_call", "status": "completed", "call_id": f"call_{n}",
+                       "name": name, "arguments": a})
+    return _response(output, tokens_in, tokens_out, model)
+
+
+def responses_text(text: str, *, tokens_in: int = 1000, tokens_out: int = 200, model: str = "fake-gpt") -> Scripted:
+    return _response([_output_message([_output_text(text)])], tokens_in, tokens_out, model)
+
+
+def responses_refusal(text: str = "I can't help with that.", **kw: Any) -> Scripted:
+    return _response([_output_message([{"type": "refusal", "refusal": text}])], kw.get("tokens_in", 10),
+                     kw.get("tokens_out", 5), kw.get("model", "fake-gpt"))
+
+
 # -- Anthropic Messages ---------------------------------------------------------------------------------
 
 def _message(content: list[dict[str, Any]], stop: str, tokens_in: int, tokens_out: int, model: str) -> Scripted:
@@ -106,13 +161,15 @@ def anthropic_error(status: int, message: str, *, headers: dict[str, str] | None
 # -- the server -----------------------------------------------------------------------------------------
 
 class FakeProvider:
-    """`FakeProvider("openai")` serves POST /v1/chat/completions; `FakeProvider("anthropic")` POST /v1/messages."""
+    """`FakeProvider("openai")` serves POST /v1/chat/completions and POST /v1/responses;
+    `FakeProvider("anthropic")` POST /v1/messages."""
 
-    PATHS: ClassVar[dict[str, str]] = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
+    PATHS: ClassVar[dict[str, tuple[str, ...]]] = {"openai": ("/v1/chat/completions", "/v1/responses"),
+                                                   "anthropic": ("/v1/messages",)}
 
     def __init__(self, provider: str, script: list[Scripted] | None = None):
         self.provider = provider
-        self.path = self.PATHS[provider]
+        self.paths = self.PATHS[provider]
         self.script: list[Scripted] = list(script or [])
         self.requests: list[Recorded] = []
         self._lock = threading.Lock()
@@ -143,10 +200,10 @@ class FakeProvider:
                 with fake._lock:
                     fake.requests.append(Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body,
                                                   time.monotonic()))
-                    reply = fake.script.pop(0) if fake.script and self.path == fake.path else None
+                    reply = fake.script.pop(0) if fake.script and self.path in fake.paths else None
                 if reply is None:
                     err = openai_error if fake.provider == "openai" else anthropic_error
-                    why = "script exhausted" if self.path == fake.path else f"unknown path {self.path}"
+                    why = "script exhausted" if self.path in fake.paths else f"unknown path {self.path}"
                     reply = err(400, f"fake {fake.provider} server: {why}")
                 self._send(reply)
 
@@ -157,7 +214,7 @@ class FakeProvider:
 
     @property
     def base_url(self) -> str:
-        """What the SDK wants: the OpenAI SDK appends /chat/completions, the Anthropic SDK /v1/messages."""
+        """What the SDK wants: the OpenAI SDK appends /chat/completions or /responses, the Anthropic SDK /v1/messages."""
         root = f"http://127.0.0.1:{self.port}"
         return root + "/v1" if self.provider == "openai" else root
 

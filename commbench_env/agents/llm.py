@@ -1,4 +1,5 @@
-"""Shared logic of the LLM agents (OpenAI-compatible Chat Completions, Anthropic Messages).
+"""Shared logic of the LLM agents (OpenAI Chat Completions or Responses, any OpenAI-compatible server, and
+Anthropic Messages).
 
 An LLM agent keeps a provider-neutral transcript of the episode: the task statement, then one `Turn` per env step
 (the model's reply and the judge feedback that answered it). Each turn the provider subclass renders that
@@ -63,7 +64,8 @@ class LLMParams(StrictModel):
     summary_lines: int = Field(default=3, ge=1, description="context=truncate: feedback lines kept of older turns")
     price_per_mtok_input: float = Field(default=0.0, ge=0.0, description="USD per million input tokens")
     price_per_mtok_output: float = Field(default=0.0, ge=0.0, description="USD per million output tokens")
-    api: Literal["chat"] = Field(default="chat", description="OpenAI API used; only Chat Completions is implemented")
+    api: Literal["chat", "responses"] = Field(default="chat", description="OpenAI API used: chat (Chat Completions, "
+                                              "also OpenAI-compatible servers) or responses (Responses API)")
     system_prompt: str | None = Field(default=None, description="replaces the built-in system prompt")
 
 
