@@ -258,7 +258,8 @@ def test_missing_key_is_clear_at_construction(monkeypatch):
 def test_cards_load(monkeypatch):
     monkeypatch.delenv("LOCAL_LLM_API_KEY", raising=False)
     for name, kind in [("openai-gpt", "openai"), ("anthropic-claude", "anthropic"),
-                       ("local-openai-compatible", "openai"), ("openai-gpt-responses", "openai")]:
+                       ("local-openai-compatible", "openai"), ("openai-gpt-responses", "openai"),
+                       ("openai-gpt-mini", "openai"), ("anthropic-claude-haiku", "anthropic")]:
         assert load_agent_card(name).kind == kind
     assert load_agent_card("openai-gpt-responses").params["api"] == "responses"
     monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
