@@ -114,3 +114,29 @@ def test_report_matches_a_hand_calculation(tmp_path):
     text = md.read_text()
     assert "| runA | m | 4 | 2 | 0.688 | 0.750 | 0.500 |" in text and "runB" in text
     assert all(p.is_file() and p.stat().st_size > 1000 for p in pngs)
+
+
+def test_killed_eval_resumes_with_only_the_missing_episodes(tmp_path):
+    """`commbench eval` killed with SIGKILL after its first episode; the same command again finishes the rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "commbench_env.cli", "eval", "--agent", "reference-submit", "--tasks",
+           "p2p/ring_shift,utility/barrier_p2p,collective/allreduce_ring", "--world", "2", "--out", str(tmp_path)]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    results = tmp_path / RESULTS
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (results.is_file() and results.read_text().strip()):
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    done_before = {json.loads(x)["key"] for x in results.read_text().splitlines() if x.strip()}
+    assert 1 <= len(done_before) < 3
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"{len(done_before)} episode(s) already done" in again.stdout
+    keys = [json.loads(x)["key"] for x in results.read_text().splitlines() if x.strip()]
+    assert sorted(keys) == sorted(set(keys)) and len(keys) == 3  # each episode exactly once
