@@ -289,6 +289,29 @@ def trace_show(path: Path = typer.Argument(..., help="a trace .jsonl file"),
         _fail(exc)
 
 
+@app.command("replay")
+def replay_cmd(trace: Path = typer.Argument(..., help="a trace .jsonl file"),
+               sandbox: Optional[str] = typer.Option(None, help="sandbox profile (default: the recorded one)"),
+               turn: Optional[int] = typer.Option(None, help="replay only this turn"),
+               tolerance: float = typer.Option(0.5, help="relative tolerance on benchmark times")) -> None:
+    """Re-run a trace's recorded actions through the judge; say per turn whether verdict and figures match."""
+    from .replay import replay_trace
+
+    try:
+        task_id, turns = replay_trace(trace, sandbox=sandbox, turn=turn, tolerance=tolerance)
+    except (CommBenchError, OSError, ValueError) as exc:
+        _fail(exc)
+    table = Table(title=f"replay of {trace.name} ({task_id})")
+    for col in ("turn", "tool", "recorded", "replayed", "times us (recorded -> replayed)", "match"):
+        table.add_column(col)
+    for t in turns:
+        figs = ", ".join(f"{s}: {a:.0f} -> {b:.0f}" for s, a, b in t.figures) or "-"
+        table.add_row(str(t.turn), t.tool or "-", t.recorded or "-", t.replayed or "-", figs,
+                      ("[green]yes[/]" if t.match else "[red]no[/]") + (f" ({t.note})" if t.note else ""))
+    console.print(table)
+    raise typer.Exit(0 if all(t.match for t in turns) else 1)
+
+
 @trace_app.command("list")
 def trace_list(folder: Path = typer.Argument(..., help="a run folder or a traces folder")) -> None:
     """List the traces in a folder with task, turns, verdict and reward."""

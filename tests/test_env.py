@@ -164,3 +164,21 @@ def test_trace_survives_a_crash_mid_episode(trace_dir):
         fh.write('{"type": "step", "tur')  # a torn last line
     assert len(read_trace(path).steps) == 1
     e.close()
+
+
+def test_replay_cli_reports_matching_verdicts(trace_dir):
+    import subprocess
+    import sys
+
+    e = CommBenchEnv(task="p2p/ring_shift", max_turns=4, world_size=2, trace_dir=str(trace_dir))
+    try:
+        path = play_episode(e, load_agent("reference")).trace_path
+    finally:
+        e.close()
+    out = subprocess.run([sys.executable, "-m", "commbench_env.cli", "replay", path, "--tolerance", "10"],
+                         capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("yes") == 3 and "runtime_error" in out.stdout
+    one = subprocess.run([sys.executable, "-m", "commbench_env.cli", "replay", path, "--turn", "2"],
+                         capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert one.returncode == 0 and one.stdout.count("yes") == 1
