@@ -53,8 +53,10 @@ def tasks_cmd(category: Optional[str] = typer.Option(None, help="p2p | collectiv
                           for t in tasks], indent=1))
         return
     table = Table(title=f"{len(tasks)} tasks")
-    for col in ("id", "title", "category", "difficulty", "language", "world", "device modes"):
-        table.add_column(col)
+    table.add_column("id", no_wrap=True)
+    table.add_column("title", ratio=1)
+    for col in ("category", "difficulty", "language", "world", "device modes"):
+        table.add_column(col, no_wrap=True)
     for t in tasks:
         c = t.card
         table.add_row(t.id, c.title, c.category.value, c.difficulty.value, c.language.value,
