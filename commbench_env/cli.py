@@ -250,8 +250,11 @@ def validate_cmd(tasks: str = typer.Option("all", help="task selector"),
     from .judge.client import JudgeClient
     from .sandbox import open_sandbox
 
+    from .sandbox import load_profile
+
     try:
-        selected = select_tasks(tasks)
+        mode_of_sandbox = load_profile(sandbox).device_mode
+        selected = select_tasks(tasks, device_mode=mode_of_sandbox)  # tasks that can run in this sandbox
     except CommBenchError as exc:
         _fail(exc)
     sizes = [int(w) for w in worlds.split(",") if w.strip()]
