@@ -294,6 +294,29 @@ def trace_show(path: Path = typer.Argument(..., help="a trace .jsonl file"),
         _fail(exc)
 
 
+@app.command("view")
+def view_cmd(paths: list[Path] = typer.Argument(..., help="traces, run folders or folders of runs"),
+             port: int = typer.Option(0, help="port on 127.0.0.1 (0: any free one)"),
+             export: Optional[Path] = typer.Option(None, "--export", help="write static pages here instead of serving")) -> None:
+    """Browse episodes: a run overview (filter, sort, pages) and episode pages turn by turn."""
+    from .viewer import export_static, serve
+
+    for p in paths:
+        if not p.exists():
+            _fail(CommBenchError(f"{p} does not exist"))
+    if export:
+        console.print(f"written {export_static(paths, export)} (opens from disk)")
+        return
+    server = serve(paths, port)
+    console.print(f"serving {len(paths)} path(s) at http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
 @app.command("replay")
 def replay_cmd(trace: Path = typer.Argument(..., help="a trace .jsonl file"),
                sandbox: Optional[str] = typer.Option(None, help="sandbox profile (default: the recorded one)"),
