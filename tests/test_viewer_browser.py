@@ -78,6 +78,7 @@ def test_browse_a_run(run_dir, tmp_path):
             assert any(ln.startswith("+") and "batch_isend_irecv" in ln for ln in lines)  # the fix added
             page.click("#n")
             assert "Submitted. Reward" in page.inner_text("#feedback")
+            assert "reference us" in page.inner_text("#bench")  # figures against the reference, per size
             page.screenshot(path=str(tmp_path / "episode.png"))
             browser.close()
     finally:
