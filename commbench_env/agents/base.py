@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from pydantic import Field
+from pydantic import BaseModel, Field, ValidationError
 
-from ..config import StrictModel, list_cards, load_named_card
+from ..config import StrictModel, format_validation_error, list_cards, load_named_card
 from ..errors import CardError
 from ..paths import agents_dir
+
+M = TypeVar("M", bound=BaseModel)
 
 BUILTIN_KINDS = {
     "reference": "commbench_env.agents.reference:ReferenceAgent",
@@ -45,6 +47,13 @@ class AgentCard(StrictModel):
     max_turns: int | None = Field(default=None, ge=1, description="turn budget this agent is evaluated with")
     params: dict[str, Any] = Field(default_factory=dict)
     source: str = Field(default="", exclude=True)
+
+    def parse_params(self, model: type[M]) -> M:
+        """The card's params as the agent's own typed model; errors name the card file and the field."""
+        try:
+            return model.model_validate(self.params)
+        except ValidationError as exc:
+            raise CardError(format_validation_error(f"{self.source or self.name}: params", exc)) from None
 
     def resolve(self, relative: str) -> Path:
         """A path in params, relative to the card's folder."""

@@ -36,12 +36,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from ..actions import TOOLS
-from ..config import StrictModel, format_validation_error
-from ..errors import AgentError, CardError
+from ..config import StrictModel
+from ..errors import AgentError
 from .base import AgentCard
 
 
@@ -207,10 +207,7 @@ class LLMAgent:
     def __init__(self, card: AgentCard):
         self.name = card.name
         self.card = card
-        try:
-            self.params = self.params_model.model_validate(card.params)
-        except ValidationError as exc:
-            raise CardError(format_validation_error(f"{card.source or card.name}: params", exc)) from None
+        self.params = card.parse_params(self.params_model)
         p = self.params
         self.key_env = p.api_key_env or self.default_key_env
         key = os.environ.get(self.key_env, "")

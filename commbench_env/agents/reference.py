@@ -8,7 +8,6 @@ from pydantic import Field
 
 from ..cards import load_task
 from ..config import StrictModel
-from ..errors import CardError
 from .base import AgentCard
 
 
@@ -20,10 +19,7 @@ class ReferenceParams(StrictModel):
 class ReferenceAgent:
     def __init__(self, card: AgentCard):
         self.name = card.name
-        try:
-            self.params = ReferenceParams.model_validate(card.params)
-        except ValueError as exc:
-            raise CardError(f"{card.source}: params: {exc}") from None
+        self.params = card.parse_params(ReferenceParams)
         self._sources: dict[str, str] = {}
         self._step = 0
 

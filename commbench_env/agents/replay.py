@@ -19,10 +19,7 @@ class ReplayParams(StrictModel):
 class ReplayAgent:
     def __init__(self, card: AgentCard):
         self.name = card.name
-        try:
-            self.params = ReplayParams.model_validate(card.params)
-        except ValueError as exc:
-            raise CardError(f"{card.source}: params: {exc}") from None
+        self.params = card.parse_params(ReplayParams)
         self.trace = read_trace(card.resolve(self.params.trace))
         self._i = 0
 

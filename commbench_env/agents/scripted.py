@@ -43,10 +43,7 @@ class ScriptedAgent:
     def __init__(self, card: AgentCard):
         self.name = card.name
         self.card = card
-        try:
-            self.params = ScriptedParams.model_validate(card.params)
-        except ValueError as exc:
-            raise CardError(f"{card.source}: params: {exc}") from None
+        self.params = card.parse_params(ScriptedParams)
         self._steps: list[tuple[str, str]] = []
         self._i = 0
 
