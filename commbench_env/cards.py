@@ -153,6 +153,11 @@ class CudaSpec(StrictModel):
     scratch_bytes: int = Field(default=1 << 20, ge=0)
     scratch_per_input: float = Field(default=0.0, ge=0, description="extra scratch, in multiples of the input bytes")
     flag_words: int = Field(default=4096, ge=1)
+    peer_buffers: list[Literal["in", "out", "scratch", "flags"]] = Field(
+        default_factory=lambda: ["in", "out", "scratch", "flags"],
+        description="which buffers of other ranks the candidate gets pointers to; args->peer_<name>[p] is NULL for "
+                    "p != rank otherwise, so that (for instance) a rank's input reaches its peers only through what "
+                    "the rank itself sends")
 
 
 class LimitsSpec(StrictModel):
@@ -257,6 +262,11 @@ class Task:
             lines.append("- Include \"commbench.h\" and declare each entry point as "
                          "`CB_ENTRY name(const cb_args* args, cudaStream_t stream)`; enqueue work on `stream`, return 0.")
             lines.append(f"- Libraries you may link: {links}. No loaders, processes, files or sockets.")
+            hidden = [b for b in ("in", "out", "scratch", "flags") if c.cuda and b not in c.cuda.peer_buffers]
+            if hidden:
+                names = " and ".join(f"`args->peer_{b}[p]`" for b in hidden)
+                lines.append(f"- {names} {'is' if len(hidden) == 1 else 'are'} NULL for every p != rank: those "
+                             f"buffers of other ranks are private to them.")
         else:
             from .judge.rules import ALLOWED_IMPORTS
 

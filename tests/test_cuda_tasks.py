@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +66,16 @@ def test_check_without_a_gpu_is_a_clear_error(evaluate):
     task = CUDA_TASKS[0]
     res = evaluate(task, mode="check", device_mode=_mode(task))
     assert res.verdict == Verdict.runtime_error and "GPU" in res.summary
+
+
+SUBMISSIONS = Path(__file__).parent / "submissions"
+FAULTY = sorted(SUBMISSIONS.rglob("*.cu"))
+
+
+@pytest.mark.parametrize("path", FAULTY, ids=lambda p: str(p.relative_to(SUBMISSIONS)))
+def test_faulty_cuda_submissions_compile(evaluate, path):
+    """The kernels benchmarks/gpu_feedback_demo.py shows being caught on a GPU must at least build everywhere."""
+    task = str(path.parent.relative_to(SUBMISSIONS))
+    res = evaluate(task, path.read_text(), mode="compile", device_mode=_mode(task))
+    assert res.verdict == Verdict.compiled, res.feedback()
+    assert "BUG" in path.read_text()  # each one says what is wrong with it

@@ -23,8 +23,8 @@ from ..golden.base import GoldenOp
 from ..golden.compare import compare_tensor
 from .protocol import Reader, decode_tensors, derive_seed, pack
 from .request import JudgeRequest
-from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, SizeResult,
-                     Timings, Verdict, Violation)
+from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, Roofline,
+                     SizeResult, Timings, Verdict, Violation)
 from .rules import expand_forbidden
 from .static_check import check_source
 
@@ -225,6 +225,8 @@ class Evaluation:
             self.result.isolation = header["isolation"]
         if "device" in header:
             self.result.hardware["rank_device"] = header["device"]
+        if header.get("roofline"):
+            self.result.roofline = Roofline.model_validate(header["roofline"])
         if kind == "load_error":
             if rp.violations:
                 raise RankFailure(Verdict.forbidden, f"rank {r} broke a rule while loading: {rp.violations[0]['detail']}")
@@ -358,11 +360,15 @@ class Evaluation:
         nbytes = self.op.metric_bytes(case, self.world)
         algbw = nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
         flops = self.op.flops(case, self.world)
+        busbw = algbw * busbw_factor(self.op.nccl_op, self.world)
+        roof = self.result.roofline
+        shown = algbw if self.card.performance.metric == "algbw" else busbw
+        pct = 100 * shown / roof.per_rank_gbps if roof and roof.per_rank_gbps > 0 and shown > 0 else None
         return SizeResult(size_bytes=size, dtype=case.dtype, count=int(case.shape[0]) if case.shape else 0,
                           iters=perf.iters, warmup=perf.warmup, time_us=t_us,
                           time_us_median=statistics.median(per_iter_max), time_us_min=min(per_iter_max),
                           per_rank_mean_us=per_rank_mean, algbw_gbps=algbw,
-                          busbw_gbps=algbw * busbw_factor(self.op.nccl_op, self.world),
+                          busbw_gbps=busbw, roofline_pct=pct,
                           tflops=flops / (t_us * 1e-6) / 1e12 if flops and t_us > 0 else 0.0,
                           verified=mismatch is None, mismatch=mismatch)
 

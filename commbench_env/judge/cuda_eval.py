@@ -132,6 +132,8 @@ class DeviceHostEvaluation(Evaluation):
             comm = sum(x["total_us"] for x in rows if x["kind"] == "comm")
             self.result.profile.append(RankProfile(rank=r, case=case.name, wall_us=wall, comm_us=comm,
                                                    compute_us=max(0.0, wall - comm), rows=rows))
+        if h["rows"]:
+            self.result.ncu = self.ncu_summary(case, seeds, specs, h["rows"][0]["name"])
 
     # ---- sanitize: compute-sanitizer on the smallest visible case --------------------------------------------
     SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
@@ -154,13 +156,28 @@ class DeviceHostEvaluation(Evaluation):
             self.result.sanitizer.append(self._sanitize_one(exe, tool, case, seeds, specs, spec, left))
 
     def _sanitize_one(self, exe, tool, case, seeds, specs, spec, left: float) -> SanitizerReport:
+        cmd = [exe, "--tool", tool, "--print-limit", "20", "--error-exitcode", "0"]
+        if tool == "memcheck":  # a guard zone after every allocation: an overrun then hits no neighbouring buffer
+            cmd += ["--padding", "512"]
+        status, text = self._run_host_under(cmd, case, seeds, specs, spec, left)
+        m = re.search(r"ERROR SUMMARY:\s*(\d+)", text) or re.search(r"RACECHECK SUMMARY:.*?\((\d+) errors?", text)
+        errors = int(m.group(1)) if m else None
+        findings = [ln for ln in text.splitlines() if ln.startswith("=========")]
+        report = "\n".join(findings[:80]) or text[-3000:]
+        return SanitizerReport(tool=tool, status=status, errors=errors, report=report)
+
+    def _run_host_under(self, tool_cmd: list[str], case, seeds, specs, spec, left: float) -> tuple[str, str]:
+        """One `check` call of every rank in a fresh device host run under an external tool: (status, output)."""
         mine, theirs = socket.socketpair()
-        cmd = [exe, "--tool", tool, "--print-limit", "20", "--error-exitcode", "0", sys.executable, "-m",
-               "commbench_env.judge.device_host", "--fd", str(theirs.fileno()), "--workdir", str(self.workdir)]
+        cmd = [*tool_cmd, sys.executable, "-m", "commbench_env.judge.device_host", "--fd", str(theirs.fileno()),
+               "--workdir", str(self.workdir)]
+        # one cudaMalloc per tensor: inside the caching allocator's big blocks an overrun is invisible to memcheck
+        env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
         proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=self.workdir)
+                                start_new_session=True, cwd=self.workdir, env=env)
         theirs.close()
         status = "ok"
+        end = time.monotonic() + left
         try:
             mine.settimeout(left)
             send_msg(mine, {"world": self.world, "spec": spec, "library": self.library})
@@ -173,7 +190,7 @@ class DeviceHostEvaluation(Evaluation):
                 if header.get("type") in ("error", "hung"):
                     status = f"the call failed: {header.get('error', '')}"
                 send_msg(mine, {"cmd": "exit"})
-            out, _ = proc.communicate(timeout=max(1.0, self.deadline - time.monotonic()))
+            out, _ = proc.communicate(timeout=max(1.0, end - time.monotonic()))
         except (OSError, EOFError, subprocess.TimeoutExpired, socket.timeout):
             status = "time limit reached"
             try:
@@ -183,12 +200,36 @@ class DeviceHostEvaluation(Evaluation):
             out, _ = proc.communicate()
         finally:
             mine.close()
-        text = out.decode(errors="replace")
-        m = re.search(r"ERROR SUMMARY:\s*(\d+)", text)
-        errors = int(m.group(1)) if m else None
-        findings = [ln for ln in text.splitlines() if ln.startswith("=========")]
-        report = "\n".join(findings[:80]) or text[-3000:]
-        return SanitizerReport(tool=tool, status=status, errors=errors, report=report)
+        return status, out.decode(errors="replace")
+
+    # ---- ncu: Nsight Compute on the slowest kernel of the profiled call ----------------------------------------
+    NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "WarpStateStats")
+    NCU_METRICS = ("Duration", "DRAM Throughput", "Memory Throughput", "L1/TEX Cache Throughput",
+                   "L2 Cache Throughput", "Compute (SM) Throughput", "Achieved Occupancy", "Theoretical Occupancy",
+                   "Warp Cycles Per Issued Instruction", "Registers Per Thread", "Block Size", "Grid Size")
+    NCU_LIMIT_S = 90.0
+
+    def ncu_summary(self, case, seeds, specs, kernel: str) -> SanitizerReport:
+        exe = shutil.which("ncu")
+        if not exe:
+            return SanitizerReport(tool="ncu", status="not installed in this sandbox",
+                                   report="Nsight Compute (ncu) is not on PATH here; the kernel table above still holds")
+        left = min(self.NCU_LIMIT_S, self.deadline - time.monotonic() - 2)
+        if left < 5:
+            return SanitizerReport(tool="ncu", status="skipped", report="no time left in this evaluation")
+        name = kernel_base_name(kernel)
+        spec = {"card": self.card.model_dump(mode="json"), "timeout_s": left, "landlock": self.req.landlock,
+                "device_mode": self.req.device_mode}
+        spec["card"]["cases"] = []
+        cmd = [exe, "--target-processes", "all", "--launch-count", "1", "-k", f"regex:^{re.escape(name)}$"]
+        for sec in self.NCU_SECTIONS:
+            cmd += ["--section", sec]
+        status, text = self._run_host_under(cmd, case, seeds, specs, spec, left)
+        if status == "time limit reached":
+            return SanitizerReport(tool="ncu", status=status, report=(
+                "ncu replays one kernel at a time, so kernels that wait for other ranks' flags never finish under "
+                "it; the kernel table above still holds"))
+        return SanitizerReport(tool="ncu", status=status, report=summarise_ncu(text, self.NCU_METRICS) or text[-2000:])
 
     def run_mode(self) -> None:
         if self.req.mode == "sanitize":
@@ -202,3 +243,28 @@ class DeviceHostEvaluation(Evaluation):
                                                 for s in self.result.sanitizer)
         else:
             super().run_mode()
+
+
+def kernel_base_name(name: str) -> str:
+    """'void (anonymous namespace)::pull_kernel<16>(char*, long)' -> 'pull_kernel' (what `ncu -k` matches)."""
+    name = name.replace("(anonymous namespace)::", "").removeprefix("[gpu] ")
+    m = re.search(r"(\w+)\s*(?:<.*?>)?\s*\(", name)
+    return m.group(1) if m else name.split("(")[0].split("::")[-1].strip()
+
+
+def summarise_ncu(text: str, metrics: tuple[str, ...]) -> str:
+    """The kernel line, the chosen metrics and the first rule findings of an ncu details page."""
+    keep: list[str] = []
+    rules = 0
+    for ln in text.splitlines():
+        s = ln.strip()
+        if not s or s.startswith("==PROF=="):
+            continue
+        if "Context" in s and "Device" in s and "(" in s:
+            keep.append(s[:160])
+        elif any(s.startswith(m + " ") for m in metrics):
+            keep.append("  " + " ".join(s.split()))
+        elif s.startswith(("OPT", "WRN")) and rules < 4:
+            rules += 1
+            keep.append("  " + " ".join(s.split())[:240])
+    return "\n".join(keep)

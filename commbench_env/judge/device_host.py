@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import isolate
+from .device import HIDDEN_WORK_NS, cudart_library, reset_persisting_l2, sleep_cycles
 from .protocol import encode_tensors, recv_msg, send_msg
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
+GATE_HOLD_S = 0.5  # longest the gate waits for every rank's host thread (an entry point that blocks its host)
+HOST_THREADS = 8  # torch CPU threads of the device host: it builds every rank's inputs
 _P = ctypes.c_void_p
 CB_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int32": 4, "int64": 5, "uint8": 6}
 
@@ -37,24 +40,49 @@ class CbArgs(ctypes.Structure):
                 ("aux_out", _P * MAX_AUX), ("aux_out_count", ctypes.c_int64 * MAX_AUX)]
 
 
-def _cudart() -> ctypes.CDLL | None:
-    """The CUDA runtime torch already loaded (its soname satisfies the candidate's -cudart=shared too)."""
-    try:
-        with open("/proc/self/maps") as fh:
-            paths = {ln.split()[-1] for ln in fh if "libcudart.so" in ln}
-    except OSError:
-        paths = set()
-    for p in sorted(paths):
+class HostGate:
+    """Holds streams until the host says go: cuStreamWaitValue32 on a word of mapped, pinned host memory.
+
+    Every rank's stream waits on the word before its start event; the host releases it once all ranks' launches
+    are queued, so each clock starts with the candidate's work already waiting, whatever the host threads did
+    (thread start-up, the GIL, a profiler's callbacks). Where stream memory operations are missing, `hold` says
+    so and the caller falls back to a GPU sleep."""
+
+    def __init__(self, cudart: ctypes.CDLL | None):
+        self.value = 0
+        self.word: ctypes.c_uint32 | None = None
+        self._wait = None
         try:
-            return ctypes.CDLL(p)
-        except OSError:
-            continue
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
+            libcuda = ctypes.CDLL("libcuda.so.1")
+            wait = getattr(libcuda, "cuStreamWaitValue32_v2", None) or libcuda.cuStreamWaitValue32
+            wait.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+            wait.restype = ctypes.c_int
+            host, dev = ctypes.c_void_p(), ctypes.c_uint64()
+            # cudaHostAllocPortable | cudaHostAllocMapped: visible to every device's context
+            if cudart is None or cudart.cudaHostAlloc(ctypes.byref(host), ctypes.c_size_t(64), 0x1 | 0x2) != 0:
+                return
+            if cudart.cudaHostGetDevicePointer(ctypes.byref(dev), host, 0) != 0:
+                return
+            self.word = ctypes.c_uint32.from_address(host.value)
+            self.word.value = 0
+            self.device_ptr, self._wait = dev.value, wait
+        except (OSError, AttributeError):
+            self._wait = None
+
+    def arm(self) -> int:
+        self.value += 1
+        return self.value
+
+    def hold(self, stream_handle: int, value: int) -> bool:
+        """Queue 'wait until the word >= value' on a stream; False if the driver refused (no gate then)."""
+        if self._wait is None:
+            return False
+        return self._wait(ctypes.c_void_p(stream_handle), ctypes.c_uint64(self.device_ptr), ctypes.c_uint32(value),
+                          0) == 0  # CU_STREAM_WAIT_VALUE_GEQ
+
+    def release(self, value: int) -> None:
+        if self.word is not None:
+            self.word.value = value
 
 
 class DeviceHost:
@@ -64,6 +92,7 @@ class DeviceHost:
         from ..golden import get_op
 
         self.torch, self.world, self.sock, self.spec = torch, world, sock, spec
+        torch.set_num_threads(max(1, min(HOST_THREADS, os.cpu_count() or 1)))
         self.card = spec["card"]
         self.cuda = self.card["cuda"]
         self.op = get_op(self.card["semantics"]["op"])
@@ -78,16 +107,30 @@ class DeviceHost:
         for d in self.devices:
             torch.cuda.set_device(d)
             self.streams.append(torch.cuda.Stream(device=d))
+        self.distinct = sorted(set(self.devices))
+        torch.cuda.set_device(self.distinct[0])
         self.peer_access = self._enable_peer_access()
+        self.cudart = cudart_library()
+        self.gate = HostGate(self.cudart)
+        self.fallback_cycles = sleep_cycles(torch, self.distinct[0], 2e-3)
         self.library_path = library
         self.epoch = 0
         self.timeout_s = float(spec["timeout_s"])
+        self.t_end = time.monotonic() + self.timeout_s - 5.0  # hung ranks are named before the judge's own limit
+        self.call_limit_s = max(2.0, min(30.0, self.timeout_s / 3))
+        # bound before the candidate's library loads, so that nothing it does can fool the clock
+        ev = torch.cuda.Event
+        self._event, self._elapsed, self._sleep = ev, ev.elapsed_time, torch.cuda._sleep
+        from . import roofline
+
+        self.roofline = roofline.measure(torch, mode, world, self.distinct)
+        torch.cuda.empty_cache()
 
     def _enable_peer_access(self) -> bool:
         distinct = sorted(set(self.devices))
         if len(distinct) < 2:
             return True
-        rt = _cudart()
+        rt = cudart_library()
         if rt is None:
             raise RuntimeError("cannot find the CUDA runtime library to enable peer access")
         for a in distinct:
@@ -153,11 +196,12 @@ class DeviceHost:
             a.in_, a.out = x.data_ptr(), y.data_ptr()
             a.scratch, a.scratch_bytes = b["scratch"].data_ptr(), b["scratch"].numel()
             a.flags, a.flag_words = b["flags"].data_ptr(), b["flags"].numel()
-            for p, pb in enumerate(bufs):
-                a.peer_in[p] = pb["inputs"][c["input"]].data_ptr()
-                a.peer_out[p] = pb["outs"][c["output"]].data_ptr()
-                a.peer_scratch[p] = pb["scratch"].data_ptr()
-                a.peer_flags[p] = pb["flags"].data_ptr()
+            shared = set(c.get("peer_buffers", ("in", "out", "scratch", "flags")))
+            for p, pb in enumerate(bufs):  # a private buffer of another rank stays NULL (ctypes: None)
+                a.peer_in[p] = pb["inputs"][c["input"]].data_ptr() if p == r or "in" in shared else None
+                a.peer_out[p] = pb["outs"][c["output"]].data_ptr() if p == r or "out" in shared else None
+                a.peer_scratch[p] = pb["scratch"].data_ptr() if p == r or "scratch" in shared else None
+                a.peer_flags[p] = pb["flags"].data_ptr() if p == r or "flags" in shared else None
             for i, key in enumerate(c["params"][:MAX_PARAMS]):
                 a.params[i] = int(case.params.get(key, 0))
             for i, name in enumerate(c["aux_inputs"][:MAX_AUX]):
@@ -169,25 +213,36 @@ class DeviceHost:
 
     # -- one call of every rank, concurrently ------------------------------------------------------------
     def call_all(self, args: list[CbArgs]) -> list[int]:
-        """Returns per-rank ns (CUDA events, device-wide sync before the stop). Raises naming hung ranks."""
+        """Returns per-rank ns on the GPU timeline. Raises HungRanks naming the ranks that did not finish.
+
+        Every rank's stream waits on the host gate; the host threads queue start event, candidate call and done
+        event behind it, and the gate opens once all of them have returned. So all ranks start together on the
+        device and no host latency is timed. The previous round is fully finished first (the calling convention
+        promises it), and if any device still has work once every done event has fired (work hidden on a side
+        stream), the clock runs on to a device-wide synchronisation."""
         torch = self.torch
         self.epoch += 1
         for a in args:
             a.epoch = self.epoch
-        for d in set(self.devices):
+        for d in self.distinct:
             torch.cuda.synchronize(d)
+            with torch.cuda.device(d):
+                reset_persisting_l2(self.cudart)
         world = self.world
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(world)]
-        dones = [torch.cuda.Event() for _ in range(world)]
+        starts = [self._event(enable_timing=True) for _ in range(world)]
+        dones = [self._event(enable_timing=True) for _ in range(world)]
         rcs: list[int | None] = [None] * world
         errors: list[str | None] = [None] * world
-        gate = threading.Barrier(world)
+        ticket = self.gate.arm()
+        deadline = min(time.monotonic() + self.call_limit_s, self.t_end)
 
         def run(r: int) -> None:
             try:
                 torch.cuda.set_device(self.devices[r])
                 s = self.streams[r]
-                gate.wait(timeout=self.timeout_s)
+                if not self.gate.hold(s.cuda_stream, ticket):
+                    with torch.cuda.stream(s):  # no stream memory operations: a GPU sleep instead
+                        self._sleep(self.fallback_cycles)
                 starts[r].record(s)
                 rcs[r] = self.fn(ctypes.byref(args[r]), ctypes.c_void_p(s.cuda_stream))
                 dones[r].record(s)
@@ -197,7 +252,10 @@ class DeviceHost:
         threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + max(1.0, self.timeout_s - 3.0)
+        hold_until = min(deadline, time.monotonic() + GATE_HOLD_S)
+        for t in threads:
+            t.join(timeout=max(0.0, hold_until - time.monotonic()))
+        self.gate.release(ticket)  # all launches queued (or a host thread is blocked: go anyway)
         for t in threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
         stuck_host = [r for r, t in enumerate(threads) if t.is_alive()]
@@ -214,17 +272,21 @@ class DeviceHost:
                 break
             if time.monotonic() > deadline:
                 raise HungRanks(pending, "kernels still running at the time limit (a deadlock or a missed flag?)")
-            time.sleep(0.0005)
-        for d in set(self.devices):
-            torch.cuda.synchronize(d)  # side streams too: everything finishes before the clocks stop
-        stops = []
+            time.sleep(0.0001)
+        hidden = set()
+        for d in self.distinct:
+            t0 = time.perf_counter_ns()
+            torch.cuda.synchronize(d)  # side streams too: nothing may outlive the clock
+            if time.perf_counter_ns() - t0 > HIDDEN_WORK_NS:
+                hidden.add(d)
+        ends = list(dones)
         for r in range(world):
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(self.streams[r])
-            stops.append(ev)
-        for ev in stops:
+            if self.devices[r] in hidden:
+                ends[r] = self._event(enable_timing=True)
+                ends[r].record(self.streams[r])
+        for ev in ends:
             ev.synchronize()
-        return [int(starts[r].elapsed_time(stops[r]) * 1e6) for r in range(world)]
+        return [int(self._elapsed(starts[r], ends[r]) * 1e6) for r in range(world)]
 
     def outputs(self, bufs: list[dict]) -> dict[str, Any]:
         flat = {}
@@ -302,7 +364,7 @@ class DeviceHost:
         rows = []
         for e in prof.key_averages():
             t = float(getattr(e, "self_device_time_total", 0.0))
-            if t > 0:
+            if t > 0 and "spin_kernel" not in e.key:  # the harness's start gate is not the candidate's
                 rows.append({"name": e.key[:120], "kind": "comm" if "nccl" in e.key.lower() else "compute",
                              "calls": int(e.count), "total_us": t, "mean_us": t / max(1, int(e.count))})
         rows.sort(key=lambda r: r["total_us"], reverse=True)
@@ -333,8 +395,12 @@ class HungRanks(Exception):
 
 def _enter_sandbox(rdir: Path, keep_fd: int, spec: dict[str, Any], redirect: bool) -> None:
     """Own session, own folder, limits, non-dumpable; stdout/stderr to files unless a sanitizer reads them."""
-    isolate.enter(rdir, (keep_fd,), cpu_s=int(spec["timeout_s"]) + 5, memory_mb=None, open_files=65536,
-                  redirect=redirect)
+    threads = max(1, min(HOST_THREADS, os.cpu_count() or 1))
+    # RLIMIT_CPU counts every thread: the limit grows with the threads that build inputs, or a fast many-core
+    # machine would SIGKILL the host long before the wall-clock limit
+    isolate.enter(rdir, (keep_fd,), cpu_s=(int(spec["timeout_s"]) + 5) * (threads + 1), memory_mb=None,
+                  open_files=65536, redirect=redirect)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     # One hardware queue per rank stream: with the default 8 connections, two ranks' streams can share a queue,
     # and work queued behind one rank's spinning kernel would keep another rank's kernel from ever starting.
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
@@ -354,7 +420,7 @@ def _host_loop(world: int, sock: socket.socket, spec: dict[str, Any], library: s
     host.load()  # the candidate's library (and its static initialisers) only inside the sandbox
     send_msg(sock, {"type": "ready", "rendezvous_s": 0.0, "isolation": iso,
                     "device": {"mode": spec["device_mode"], "devices": host.devices,
-                               "gpu": host.torch.cuda.get_device_name(0)}})
+                               "gpu": host.torch.cuda.get_device_name(0)}, "roofline": host.roofline})
     host.serve()
 
 

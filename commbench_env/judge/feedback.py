@@ -54,13 +54,18 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
             lines.append(line)
     if r.benchmark:
         flops = any(s.tflops for s in r.benchmark)
+        roof = any(s.roofline_pct is not None for s in r.benchmark)
         lines += ["", "benchmark (time = mean over iterations, max over ranks):",
                   f"  {'size':>12} {'time_us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}"
-                  + (f" {'TFLOP/s':>9}" if flops else "") + "  ok"]
+                  + (f" {'TFLOP/s':>9}" if flops else "") + (f" {'roofline':>8}" if roof else "") + "  ok"]
         for s in r.benchmark:
             ok = "yes" if s.verified else ("NO: " + _mismatch_line(s.mismatch) if s.mismatch else "NO")
+            pct = f"{s.roofline_pct:.0f}%" if s.roofline_pct is not None else "-"
             lines.append(f"  {s.size_bytes:>12} {s.time_us:>10.1f} {s.algbw_gbps:>11.3f} {s.busbw_gbps:>11.3f}"
-                         + (f" {s.tflops:>9.4f}" if flops else "") + f"  {ok}")
+                         + (f" {s.tflops:>9.4f}" if flops else "") + (f" {pct:>8}" if roof else "") + f"  {ok}")
+        if r.roofline:
+            lines.append(f"  roofline: {r.roofline.name}, {r.roofline.per_rank_gbps:.0f} GB/s per rank"
+                         + (" (emulated: all ranks share one GPU, nothing crosses NVLink)" if r.roofline.emulated else ""))
     if r.profile:
         lines += ["", "profile (one call, per rank):"]
         for p in r.profile:
@@ -68,6 +73,8 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
                          f"other {p.compute_us:.0f} us")
             for row in p.rows[:8]:
                 lines.append(f"    {row.kind:<8} {row.name:<40} calls {row.calls:>4}  total {row.total_us:>9.1f} us")
+    if r.ncu:
+        lines += ["", f"Nsight Compute ({r.ncu.status}):", _indent(r.ncu.report, 2, max_lines=30)]
     for sr in r.sanitizer:
         lines += ["", f"compute-sanitizer {sr.tool}: {sr.errors if sr.errors is not None else '?'} error(s) ({sr.status})"]
         if sr.errors:

@@ -56,6 +56,13 @@ class RankHarness:
         threads = max(1, int(self.spec.get("threads_per_rank", 1)))
         torch.set_num_threads(threads)
         self.dev = RankDevice(self.spec.get("device_mode", "cpu"), self.rank, self.world)
+        self.roofline = None
+        if self.rank == 0 and self.dev.is_cuda:  # measured before the candidate exists, on the rank's own GPUs
+            from . import roofline
+
+            gpus = list(range(self.world)) if self.dev.mode == "cuda" else [self.dev.device.index]
+            self.roofline = roofline.measure(torch, self.dev.mode, self.world, gpus)
+            torch.cuda.empty_cache()
         timeout = timedelta(seconds=float(self.spec["timeout_s"]))
         if self.rank == 0:
             store = dist.TCPStore("127.0.0.1", 0, self.world, True, timeout=timeout, wait_for_workers=False)
@@ -69,6 +76,7 @@ class RankHarness:
                                 timeout=timeout, **extra)
         # The harness synchronises on a group of its own, through a method bound before any tripwire exists,
         # so neither the candidate's traffic nor a forbidden-API tripwire can touch it.
+        self.dev.bind_group(dist.group.WORLD)
         harness_group = dist.new_group(backend="gloo")
         bound_barrier = harness_group.barrier
         self.barrier = lambda: bound_barrier().wait()
@@ -123,9 +131,11 @@ class RankHarness:
 
         return CaseSpec.model_validate(d)
 
-    def _invoke(self, case, inputs):
+    def _invoke(self, case, inputs, align: bool = True):
         """Call the candidate once with the guard on; returns outputs and elapsed ns."""
         cand_inputs = self.op.candidate_inputs(inputs)
+        if align:  # harness work, before the guard is on
+            self.dev.align()
         self.guard.active = True
         try:
             out, ns = self.dev.timed(lambda: self.op.call(self.fns, inputs, case, self.rank, self.world), self.clock)
@@ -198,7 +208,7 @@ class RankHarness:
         with tp.profile(activities=activities) as prof:
             self.profiler.enabled = True
             try:
-                _, ns, _ = self._invoke(case, inputs)
+                _, ns, _ = self._invoke(case, inputs, align=False)  # no harness kernels in the candidate's table
             finally:
                 self.profiler.enabled = False
         rows = []
@@ -262,7 +272,7 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
                     "violations": h.guard.violations, "isolation": h.isolation})
         else:
             h.send({"type": "ready", "rendezvous_s": h.rendezvous_s, "isolation": h.isolation,
-                    "device": h.dev.describe()})
+                    "device": h.dev.describe(), "roofline": h.roofline})
             h.serve()
 
     isolate.run_then_exit(body)  # harness failures go to the rank's stderr; the coordinator sees the exit

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from ..config import StrictModel
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: roofline, roofline_pct, ncu
 
 Mode = Literal["compile", "check", "benchmark", "profile", "full", "sanitize"]
 MODES: tuple[str, ...] = ("compile", "check", "benchmark", "profile", "full", "sanitize")
@@ -82,8 +82,18 @@ class SizeResult(StrictModel):
     algbw_gbps: float
     busbw_gbps: float
     tflops: float = 0.0
+    roofline_pct: float | None = Field(default=None, description="the metric's bandwidth as % of the roofline's per-rank share")
     verified: bool = True
     mismatch: Mismatch | None = None
+
+
+class Roofline(StrictModel):
+    """What bandwidth figures are measured against, found on the rank's own hardware during the evaluation."""
+
+    name: str
+    gbps: float = Field(description="the whole ceiling: device copy (cuda-shared) or one GPU's NVLink per direction")
+    per_rank_gbps: float = Field(description="each rank's share of it: gbps / world in cuda-shared, gbps in cuda")
+    emulated: bool = Field(description="true in cuda-shared: the ranks share one GPU, nothing crosses a link")
 
 
 class ProfileRow(StrictModel):
@@ -104,6 +114,8 @@ class RankProfile(StrictModel):
 
 
 class SanitizerReport(StrictModel):
+    """The findings of one external GPU tool run on the candidate: compute-sanitizer's checks, or ncu."""
+
     tool: str
     status: str = "ok"
     errors: int | None = None
@@ -149,6 +161,8 @@ class JudgeResult(StrictModel):
     violations: list[Violation] = Field(default_factory=list)
     timings: Timings = Field(default_factory=Timings)
     hardware: dict = Field(default_factory=dict)
+    roofline: Roofline | None = None
+    ncu: SanitizerReport | None = Field(default=None, description="Nsight Compute on the slowest kernel (profile mode)")
     isolation: dict = Field(default_factory=dict, description="which sandbox layers were active in the ranks")
     sanitizer: list[SanitizerReport] = Field(default_factory=list)
 

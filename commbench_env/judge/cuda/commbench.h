@@ -35,6 +35,8 @@ typedef struct cb_args {
   int64_t flag_words;
   uint32_t epoch;        // 1 on the first call, then 2, 3, ...: lets flag protocols work without resetting flags
   int32_t reserved;
+  // Peer pointers: entry p is rank p's buffer. A task may keep some buffers private (its rules say which):
+  // then entry p of that array is NULL for every p != rank. Entry `rank` is always this rank's own buffer.
   const void* peer_in[CB_MAX_RANKS];      // every rank's `in` (peer_in[rank] == in)
   void* peer_out[CB_MAX_RANKS];           // every rank's `out`
   void* peer_scratch[CB_MAX_RANKS];       // every rank's `scratch`

@@ -1,0 +1,61 @@
+"""Nsight Compute feedback: which kernel `ncu -k` is pointed at, and what of its report reaches the agent.
+
+ncu itself needs a GPU (see benchmarks/gpu_validate.py); its text format is fixed by NVIDIA's details page.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from commbench_env.judge.cuda_eval import (
+    DeviceHostEvaluation,
+    kernel_base_name,
+    summarise_ncu,
+)
+from commbench_env.judge.result import JudgeResult, SanitizerReport, Verdict
+
+
+@pytest.mark.parametrize("profiler_name,base", [
+    ("void (anonymous namespace)::pull_kernel(char*, char const*, long)", "pull_kernel"),
+    ("void (anonymous namespace)::fused_kernel<float, 4, true, true>(FusedArgs)", "fused_kernel"),
+    ("[gpu] ring_kernel", "ring_kernel"),
+    ("void ns::inner::push<16>(char*)", "push"),
+])
+def test_kernel_base_name_is_what_ncu_matches(profiler_name, base):
+    assert kernel_base_name(profiler_name) == base
+
+
+DETAILS = """==PROF== Connected to process 4242
+==PROF== Profiling "pull_kernel": 0%....50%....100% - 9 passes
+  pull_kernel(char *, const char *, long) (264, 1, 1)x(512, 1, 1), Context 1, Stream 13, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- ------------
+    Metric Name             Metric Unit Metric Value
+    ----------------------- ----------- ------------
+    DRAM Frequency                  Ghz         3.20
+    Memory Throughput                 %        88.02
+    DRAM Throughput                   %        88.02
+    Duration                         us        62.14
+    Compute (SM) Throughput           %        12.50
+    OPT   This kernel exhibits low compute throughput relative to the peak performance of this device.
+    Section: Occupancy
+    Achieved Occupancy                %        45.10
+    WRN   One or more blocks were limited by registers.
+    INF   an informational line that is left out
+"""
+
+
+def test_summary_keeps_the_kernel_the_figures_and_the_findings():
+    text = summarise_ncu(DETAILS, DeviceHostEvaluation.NCU_METRICS)
+    lines = text.splitlines()
+    assert lines[0].startswith("pull_kernel(") and "Device 0" in lines[0]
+    assert "  DRAM Throughput % 88.02" in lines and "  Achieved Occupancy % 45.10" in lines
+    assert any("Duration us 62.14" in ln for ln in lines)
+    assert any(ln.startswith("  OPT") for ln in lines) and any(ln.startswith("  WRN") for ln in lines)
+    assert "DRAM Frequency" not in text and "==PROF==" not in text and "INF" not in text
+
+
+def test_feedback_shows_the_ncu_summary():
+    res = JudgeResult(task_id="p2p/ipc_pull_copy", task_hash="x", mode="profile", world_size=2, device_mode="cuda",
+                      verdict=Verdict.passed, ncu=SanitizerReport(tool="ncu", status="ok", report="  DRAM Throughput % 88.02"))
+    assert "Nsight Compute (ok):" in res.feedback() and "DRAM Throughput % 88.02" in res.feedback()

@@ -1,0 +1,71 @@
+"""The roofline every GPU figure is reported against: how it is found, how it reaches the agent and the viewer.
+
+The measurement itself needs a GPU (benchmarks/gpu_validate.py runs it there); here: what a CPU rank reports,
+the percentage the coordinator derives, the feedback text and the viewer's turn data.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commbench_env.judge import roofline
+from commbench_env.judge.result import JudgeResult, Roofline, SizeResult, Verdict
+from commbench_env.viewer.data import episode_view
+
+
+def _size(busbw: float, pct: float | None) -> SizeResult:
+    return SizeResult(size_bytes=64 << 20, dtype="float32", count=1 << 24, iters=5, warmup=2, time_us=100.0,
+                      time_us_median=100.0, time_us_min=99.0, per_rank_mean_us=[100.0, 98.0], algbw_gbps=busbw,
+                      busbw_gbps=busbw, roofline_pct=pct)
+
+
+def test_cpu_has_no_roofline():
+    assert roofline.measure(torch, "cpu", 2, []) is None
+
+
+def test_cpu_judge_results_carry_no_roofline(evaluate):
+    res = evaluate("collective/allreduce_ring", mode="benchmark", world=2)
+    assert res.verdict == Verdict.passed and res.roofline is None
+    assert all(s.roofline_pct is None for s in res.benchmark)
+    assert "roofline" not in res.feedback()
+
+
+def test_feedback_shows_percent_of_roofline_and_says_emulated():
+    res = JudgeResult(task_id="p2p/ipc_pull_copy", task_hash="x", mode="benchmark", world_size=2,
+                      device_mode="cuda-shared", verdict=Verdict.passed,
+                      roofline=Roofline(name="device copy bandwidth", gbps=2000.0, per_rank_gbps=1000.0, emulated=True),
+                      benchmark=[_size(750.0, 75.0)])
+    text = res.feedback()
+    assert "roofline" in text and "75%" in text and "1000 GB/s per rank" in text and "emulated" in text
+    nvlink = res.model_copy(update={"device_mode": "cuda", "roofline": Roofline(
+        name="NVLink per direction (NVML)", gbps=478.0, per_rank_gbps=478.0, emulated=False)})
+    assert "emulated" not in nvlink.feedback() and "NVLink" in nvlink.feedback()
+
+
+def test_viewer_turns_carry_the_roofline():
+    from pathlib import Path
+
+    from commbench_env.trace import Trace
+
+    jr = JudgeResult(task_id="p2p/ipc_pull_copy", task_hash="x", mode="benchmark", world_size=2,
+                     device_mode="cuda", verdict=Verdict.passed,
+                     roofline=Roofline(name="NVLink per direction (NVML)", gbps=478.0, per_rank_gbps=478.0,
+                                       emulated=False), benchmark=[_size(239.0, 50.0)]).model_dump(mode="json")
+    trace = Trace(path=Path("t.jsonl"), start={"task_id": "p2p/ipc_pull_copy"}, steps=[{"turn": 1, "action": {"tool": "benchmark"},
+                                                                        "judge_result": jr}], end={})
+    turn = episode_view(trace)["turns"][0]
+    assert turn["benchmark"][0]["roofline_pct"] == 50.0 and turn["roofline"]["per_rank_gbps"] == 478.0
+
+
+SMI_NVLINK = """GPU 0: NVIDIA H200 (UUID: GPU-0000)
+\t Link 0: 26.562 GB/s
+\t Link 1: 26.562 GB/s
+\t Link 2: <inactive>
+\t Link 3: 26.562 GB/s
+"""
+
+
+def test_nvlink_rate_from_nvidia_smi_text():
+    assert roofline.parse_nvlink_status(SMI_NVLINK) == pytest.approx(3 * 26.562)
+    assert roofline.parse_nvlink_status("GPU 0: NVIDIA H200\n\t Link 0: <inactive>\n") is None
