@@ -1,4 +1,5 @@
-"""Expert parallelism: token dispatch/combine across the ranks that own the experts, and expert weight migration."""
+"""Expert parallelism: token dispatch/combine across the ranks that own the experts (top-1 torch tasks and the
+top-k dispatch layout, dispatch and combine of kernel-level tasks), and expert weight migration."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from . import register
 from .base import CandidateError, GoldenOp, expect_tensor, generator, narrow, rand, to_dtype, wide
 
 
-def _int_param(case, key: str, *, default=None, low: int | None = None):
+def _int_param(case, key: str, *, default=None, low: int | None = None, high: int | None = None):
     v = case.params.get(key, default)
     if v is None:
         return None
@@ -18,7 +19,20 @@ def _int_param(case, key: str, *, default=None, low: int | None = None):
         raise ValueError(f"params.{key} must be an integer, got {v!r}")
     if low is not None and v < low:
         raise ValueError(f"params.{key} must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise ValueError(f"params.{key} must be <= {high}, got {v}")
     return v
+
+
+def _num_param(case, key: str, *, default: float, low: float | None = None, high: float | None = None) -> float:
+    v = case.params.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"params.{key} must be a number, got {v!r}")
+    if low is not None and v < low:
+        raise ValueError(f"params.{key} must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise ValueError(f"params.{key} must be <= {high}, got {v}")
+    return float(v)
 
 
 def _shared_seed(*parts: int) -> int:
@@ -31,6 +45,26 @@ def _shared_seed(*parts: int) -> int:
 
 def _elem(dtype: str) -> int:
     return torch.empty((), dtype=to_dtype(dtype)).element_size()
+
+
+def _popularity(case, world: int) -> torch.Tensor:
+    """Expert popularity shared by every rank: Zipf over a seeded permutation, idle rank zeroed."""
+    epr = int(case.params["experts_per_rank"])
+    n_exp = world * epr
+    g = generator(_shared_seed(int(case.params.get("routing_seed", 0)), world, epr))
+    rank_of = torch.randperm(n_exp, generator=g).to(torch.float64)
+    p = (1.0 + rank_of) ** (-float(case.params.get("skew", 1.0)))
+    idle = case.params.get("idle_rank")
+    if idle is not None:
+        owner = torch.arange(n_exp) // epr
+        p[owner == int(idle) % world] = 0.0
+    return p
+
+
+def _rank_popularity(case, world: int, gen: torch.Generator) -> torch.Tensor:
+    """One rank's expert popularity: the shared law times a private log-normal factor, so per-rank splits differ."""
+    n_exp = world * int(case.params["experts_per_rank"])
+    return _popularity(case, world) * torch.exp(0.75 * torch.randn(n_exp, generator=gen, dtype=torch.float64))
 
 
 @register
@@ -62,9 +96,7 @@ class MoeDispatchCombine(GoldenOp):
             raise ValueError(f"dtype must be a floating type, got {case.dtype}")
         if _int_param(case, "experts_per_rank", low=1) is None:
             raise ValueError("params.experts_per_rank (int >= 1) is required")
-        skew = case.params.get("skew", 1.0)
-        if isinstance(skew, bool) or not isinstance(skew, (int, float)) or skew < 0:
-            raise ValueError(f"params.skew must be a number >= 0, got {skew!r}")
+        _num_param(case, "skew", default=1.0, low=0)
         _int_param(case, "routing_seed", default=0)
         _int_param(case, "idle_rank", low=0)
         _int_param(case, "empty_rank", low=0)
@@ -73,19 +105,6 @@ class MoeDispatchCombine(GoldenOp):
         return world >= 2 or case.params.get("idle_rank") is None
 
     # ---- rank side -------------------------------------------------------------------------------
-    def _popularity(self, case, world: int) -> torch.Tensor:
-        """Expert popularity shared by every rank: Zipf over a seeded permutation, idle rank zeroed."""
-        epr = int(case.params["experts_per_rank"])
-        n_exp = world * epr
-        g = generator(_shared_seed(int(case.params.get("routing_seed", 0)), world, epr))
-        rank_of = torch.randperm(n_exp, generator=g).to(torch.float64)
-        p = (1.0 + rank_of) ** (-float(case.params.get("skew", 1.0)))
-        idle = case.params.get("idle_rank")
-        if idle is not None:
-            owner = torch.arange(n_exp) // epr
-            p[owner == int(idle) % world] = 0.0
-        return p
-
     def make_inputs(self, case, rank, world, seed):
         t, d = (int(s) for s in case.shape)
         epr = int(case.params["experts_per_rank"])
@@ -94,8 +113,7 @@ class MoeDispatchCombine(GoldenOp):
             t = 0
         gen = generator(seed)
         tokens = rand([t, d], case.dtype, gen)
-        # each rank skews the shared popularity a little more, so per-rank splits differ too
-        p = self._popularity(case, world) * torch.exp(0.75 * torch.randn(world * epr, generator=gen, dtype=torch.float64))
+        p = _rank_popularity(case, world, gen)
         if t:
             ids = torch.multinomial(p, t, replacement=True, generator=gen).to(torch.int64)
         else:
@@ -230,3 +248,324 @@ class ExpertRebalance(GoldenOp):
         for s in case.shape:
             n *= int(s)
         return n * _elem(case.dtype)
+
+
+# ---- top-k routing for the kernel-level (cuda) expert-parallel tasks ---------------------------------------------
+
+#: Limits the cuda references are written for: a per-expert histogram in shared memory (1024 experts at world 8)
+#: and one warp lane per top-k slot.
+MAX_EXPERTS_PER_RANK = 128
+MAX_TOPK = 32
+TOPK_PARAMS = ("experts_per_rank", "topk", "skew", "routing_seed", "drop", "target_rank", "idle_rank")
+
+
+def _validate_topk_routing(case) -> None:
+    """The routing params every top-k op shares (see `_topk_route`)."""
+    unknown = sorted(set(case.params) - set(TOPK_PARAMS))
+    if unknown:
+        raise ValueError(f"unknown params {unknown} (known: {', '.join(TOPK_PARAMS)})")
+    if _int_param(case, "experts_per_rank", low=1, high=MAX_EXPERTS_PER_RANK) is None:
+        raise ValueError(f"params.experts_per_rank (int in [1, {MAX_EXPERTS_PER_RANK}]) is required")
+    if _int_param(case, "topk", low=1, high=MAX_TOPK) is None:
+        raise ValueError(f"params.topk (int in [1, {MAX_TOPK}]) is required")
+    _num_param(case, "skew", default=1.0, low=0)
+    _num_param(case, "drop", default=0.0, low=0, high=1)
+    _int_param(case, "routing_seed", default=0)
+    _int_param(case, "target_rank", low=0)
+    _int_param(case, "idle_rank", low=0)
+
+
+def _validate_tokens_case(case) -> None:
+    """Cases of the ops that move hidden vectors: shape [tokens, hidden], a float dtype, top-k routing params."""
+    if len(case.shape) != 2 or case.shape[0] < 1 or case.shape[1] < 1:
+        raise ValueError(f"shape must be [tokens, hidden] with both >= 1, got {case.shape}")
+    if not to_dtype(case.dtype).is_floating_point:
+        raise ValueError(f"dtype must be a floating type, got {case.dtype}")
+    _validate_topk_routing(case)
+
+
+def _cuda_only(op: GoldenOp, card) -> None:
+    if card.language.value != "cuda":
+        raise ValueError(f"field 'language': op {op.name!r} passes its buffers through cb_args and serves "
+                         f"language = 'cuda' tasks only")
+
+
+def _repeats(ids: torch.Tensor) -> torch.Tensor:
+    """[T, k] bool: the entry repeats an earlier entry of its row."""
+    dup = torch.zeros(ids.shape, dtype=torch.bool)
+    for j in range(1, int(ids.shape[1])):
+        dup[:, j] = (ids[:, :j] == ids[:, j:j + 1]).any(1)
+    return dup
+
+
+def _distinct_draws(p: torch.Tensor, tokens: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """[tokens, k] int64: per row, min(k, experts with p > 0) distinct experts drawn by weight p, then -1s.
+
+    Draws with replacement and redraws repeats (cheap for the millions of tokens of a benchmark); rows still holding
+    a repeat after a few rounds take an exact weighted draw without replacement (Gumbel top-k).
+    """
+    ids = torch.full((tokens, k), -1, dtype=torch.int64)
+    kk = min(k, int((p > 0).sum()))
+    if tokens == 0 or kk == 0:
+        return ids
+    cur = torch.multinomial(p, tokens * kk, replacement=True, generator=gen).view(tokens, kk)
+    for _ in range(4):
+        dup = _repeats(cur)
+        n = int(dup.sum())
+        if n == 0:
+            break
+        cur[dup] = torch.multinomial(p, n, replacement=True, generator=gen)
+    rows = _repeats(cur).any(1).nonzero().flatten()
+    if rows.numel():
+        u = torch.rand((rows.numel(), p.numel()), generator=gen, dtype=torch.float64).clamp_min(1e-300)
+        cur[rows] = (torch.log(p) - torch.log(-torch.log(u))).topk(kk, dim=1).indices
+    ids[:, :kk] = cur
+    return ids
+
+
+def _topk_route(case, world: int, tokens: int, gen: torch.Generator) -> torch.Tensor:
+    """[tokens, topk] int64 expert ids of one rank, as a top-k router produces them (DeepEP's topk_idx).
+
+    Distinct experts per row drawn from `_rank_popularity` (params skew, routing_seed, idle_rank); target_rank
+    (optional) keeps only that rank's experts (every token goes to one rank; slots beyond its experts are -1);
+    drop (default 0) masks each entry to -1 with that probability, so some tokens go nowhere.
+    """
+    epr, k = int(case.params["experts_per_rank"]), int(case.params["topk"])
+    p = _rank_popularity(case, world, gen)
+    target = case.params.get("target_rank")
+    if target is not None:
+        p[torch.arange(world * epr) // epr != int(target) % world] = 0.0
+    ids = _distinct_draws(p, tokens, k, gen)
+    drop = float(case.params.get("drop", 0.0))
+    if drop > 0:
+        ids[torch.rand((tokens, k), generator=gen) < drop] = -1
+    return ids
+
+
+def _owners(ids: torch.Tensor, epr: int) -> torch.Tensor:
+    """The rank that owns each entry's expert, -1 for masked entries."""
+    return torch.where(ids >= 0, ids // epr, -1)
+
+
+def _rank_hits(ids: torch.Tensor, epr: int, world: int) -> torch.Tensor:
+    """[T, world] bool: the token has at least one expert on the rank (DeepEP's is_token_in_rank)."""
+    owner = _owners(ids, epr)
+    hits = torch.zeros((int(ids.shape[0]), world + 1), dtype=torch.bool)
+    hits.scatter_(1, torch.where(owner >= 0, owner, world), True)
+    return hits[:, :world]
+
+
+def _topk_size_params(perf) -> tuple[dict, int]:
+    """Benchmark params (routing defaults filled in) and the hidden size, popped from perf.params."""
+    params = dict(perf.params)
+    d = int(params.pop("hidden", 7168))
+    params.setdefault("experts_per_rank", 32)
+    params.setdefault("topk", 8)
+    return params, d
+
+
+@register
+class MoeDispatchLayout(GoldenOp):
+    """`dispatch_layout` (cuda): the dispatch layout of one rank's top-k routing, as DeepEP's get_dispatch_layout.
+
+    case.shape = [T] (tokens per rank), case.dtype = int64; params: experts_per_rank and topk (required) and the
+    routing params of `_topk_route`. Input topk_idx [T, topk] int64: expert ids in [0, E), E = world *
+    experts_per_rank, distinct within a row, or -1 (no expert); expert e lives on rank e // experts_per_rank.
+    Outputs: is_token_in_rank [T, world] bool; tokens_per_rank [world] int32 (tokens with at least one expert on
+    the rank, counted once); tokens_per_expert [E] int32; send_slot [T, world] int32: the token's position among
+    the tokens this rank sends to that rank (exclusive prefix sum of is_token_in_rank down the column), -1 where
+    it sends nothing. nccl-tests size: the bytes of topk_idx.
+    """
+
+    name = "moe_dispatch_layout"
+    nccl_op = None
+    functions = ("dispatch_layout",)
+
+    def validate_card(self, card):
+        _cuda_only(self, card)
+        super().validate_card(card)
+
+    def validate_case(self, case):
+        if len(case.shape) != 1 or case.shape[0] < 1:
+            raise ValueError(f"shape must be [tokens] with tokens >= 1, got {case.shape}")
+        if case.dtype != "int64":
+            raise ValueError(f"dtype must be int64 (the dtype of topk_idx), got {case.dtype}")
+        _validate_topk_routing(case)
+
+    def make_inputs(self, case, rank, world, seed):
+        return {"topk_idx": _topk_route(case, world, int(case.shape[0]), generator(seed))}
+
+    def expected(self, case, world, inputs):
+        epr = int(case.params["experts_per_rank"])
+        out = []
+        for inp in inputs:
+            ids = inp["topk_idx"]
+            hits = _rank_hits(ids, epr, world)
+            slot = torch.where(hits, torch.cumsum(hits.to(torch.int32), 0, dtype=torch.int32) - 1, -1)
+            out.append({"is_token_in_rank": hits,
+                        "tokens_per_rank": hits.sum(0, dtype=torch.int32),
+                        "tokens_per_expert": torch.bincount(ids[ids >= 0], minlength=world * epr).to(torch.int32),
+                        "send_slot": slot.to(torch.int32)})
+        return out
+
+    def size_case(self, perf, size_bytes, world):
+        from ..cards import CaseSpec
+
+        params, _ = _topk_size_params(perf)
+        t = max(1, size_bytes // (int(params["topk"]) * 8))
+        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[t], dtype="int64", params=params)
+
+    def metric_bytes(self, case, world):
+        return int(case.shape[0]) * int(case.params["topk"]) * 8
+
+
+@register
+class MoeDispatchTokens(GoldenOp):
+    """`dispatch` (cuda): send every token to each rank that hosts one of its top-k experts (DeepEP intranode dispatch).
+
+    case.shape = [T, d] (tokens per rank, hidden size), a float dtype; params as `moe_dispatch_layout`. Rank s holds
+    x [T, d] and topk_idx [T, topk] int64. Rank r receives, in the order (source rank s, then token index i), every
+    token i of every rank s that has at least one expert on r, once. Outputs of rank r, with capacity C = world * T
+    rows and n = the number of tokens it receives:
+    recv_x [C, d]: rows < n the received tokens, rows >= n zero; recv_src_idx [C] int32: the token index i of each
+    received row, -1 from n on; recv_topk_idx [C, topk] int32: per received row, the token's top-k ids made local
+    to r (e - r * experts_per_rank for experts on r, else -1), -1 rows from n on; recv_counts [world] int32: tokens
+    received from each source rank; recv_tokens_per_expert [experts_per_rank] int32: received tokens per local
+    expert. nccl-tests size: the bytes of one rank's x.
+    """
+
+    name = "moe_dispatch_tokens"
+    nccl_op = None
+    functions = ("dispatch",)
+
+    def validate_card(self, card):
+        _cuda_only(self, card)
+        super().validate_card(card)
+
+    def validate_case(self, case):
+        _validate_tokens_case(case)
+
+    def make_inputs(self, case, rank, world, seed):
+        t, d = (int(s) for s in case.shape)
+        gen = generator(seed)
+        x = rand([t, d], case.dtype, gen)
+        return {"x": x, "topk_idx": _topk_route(case, world, t, gen)}
+
+    def expected(self, case, world, inputs):
+        t, d = (int(s) for s in case.shape)
+        epr, k = int(case.params["experts_per_rank"]), int(case.params["topk"])
+        cap = world * t
+        out = []
+        for r in range(world):
+            recv_x = torch.zeros((cap, d), dtype=to_dtype(case.dtype))
+            src = torch.full((cap,), -1, dtype=torch.int32)
+            local = torch.full((cap, k), -1, dtype=torch.int32)
+            counts = torch.zeros(world, dtype=torch.int32)
+            per_expert = torch.zeros(epr, dtype=torch.int64)
+            n = 0
+            for s, inp in enumerate(inputs):
+                ids = inp["topk_idx"]
+                mine = _owners(ids, epr) == r
+                idx = mine.any(1).nonzero().flatten()
+                m = int(idx.numel())
+                recv_x[n:n + m] = inp["x"][idx]
+                src[n:n + m] = idx.to(torch.int32)
+                local[n:n + m] = torch.where(mine, ids - r * epr, -1)[idx].to(torch.int32)
+                counts[s] = m
+                per_expert += torch.bincount(ids[mine] - r * epr, minlength=epr)
+                n += m
+            out.append({"recv_x": recv_x, "recv_src_idx": src, "recv_topk_idx": local, "recv_counts": counts,
+                        "recv_tokens_per_expert": per_expert.to(torch.int32)})
+        return out
+
+    def size_case(self, perf, size_bytes, world):
+        from ..cards import CaseSpec
+
+        params, d = _topk_size_params(perf)
+        t = max(1, size_bytes // (d * _elem(perf.dtype)))
+        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[t, d], dtype=perf.dtype, params=params)
+
+    def metric_bytes(self, case, world):
+        return int(case.shape[0]) * int(case.shape[1]) * _elem(case.dtype)
+
+
+@register
+class MoeCombineTopk(GoldenOp):
+    """`combine` (cuda): weighted top-k combine of expert outputs that live on the experts' ranks (DeepEP combine).
+
+    case.shape = [T, d], a float dtype; params as `moe_dispatch_layout`. The routing is shared: every rank and the
+    coordinator derive all ranks' topk_idx from public case data (routing_seed, world, shape), because each rank's
+    expert outputs are laid out by everybody's routing. An entry (s, i, j) is slot j of token i of rank s; its
+    expert e = topk_idx_s[i, j] (skipped when -1) lives on rank r = e // experts_per_rank, whose expert_out holds
+    one row per entry routed to r, in the order (s, i, j). Inputs of rank s: expert_out [R_s, d] (its rows, from its
+    own seed), topk_idx [T, topk] int64, topk_weights [T, topk] float32 (own seed; also set for masked entries, which
+    must be ignored), rank_offsets [world, world] int32: rank_offsets[s', r] = the row of r's expert_out where the
+    entries of rank s' begin (the same on every rank). Output combined_x [T, d]: row i = sum over valid j of
+    topk_weights[i, j] * (the expert_out row of entry (s, i, j)); zero for tokens routed nowhere.
+    nccl-tests size: the expert rows one rank gathers, T * topk * d elements.
+    """
+
+    name = "moe_combine_topk"
+    nccl_op = None
+    functions = ("combine",)
+
+    def validate_card(self, card):
+        _cuda_only(self, card)
+        super().validate_card(card)
+
+    def validate_case(self, case):
+        _validate_tokens_case(case)
+
+    def routing(self, case, world: int) -> list[torch.Tensor]:
+        """Every rank's topk_idx, from public case data alone."""
+        t = int(case.shape[0])
+        epr, k = int(case.params["experts_per_rank"]), int(case.params["topk"])
+        base = (0xC0B1E, int(case.params.get("routing_seed", 0)), world, t, k, epr)
+        return [_topk_route(case, world, t, generator(_shared_seed(*base, s))) for s in range(world)]
+
+    @staticmethod
+    def rank_offsets(routes: list[torch.Tensor], epr: int, world: int) -> torch.Tensor:
+        counts = torch.stack([torch.bincount(_owners(ids, epr)[ids >= 0], minlength=world) for ids in routes])
+        return (torch.cumsum(counts, 0) - counts).to(torch.int32)  # [source, owner]
+
+    def make_inputs(self, case, rank, world, seed):
+        t, d = (int(s) for s in case.shape)
+        epr, k = int(case.params["experts_per_rank"]), int(case.params["topk"])
+        routes = self.routing(case, world)
+        rows = sum(int((_owners(ids, epr) == rank).sum()) for ids in routes)
+        gen = generator(seed)
+        return {"expert_out": rand([rows, d], case.dtype, gen), "topk_idx": routes[rank],
+                "topk_weights": torch.rand((t, k), generator=gen, dtype=torch.float32),
+                "rank_offsets": self.rank_offsets(routes, epr, world)}
+
+    def expected(self, case, world, inputs):
+        t, d = (int(s) for s in case.shape)
+        epr = int(case.params["experts_per_rank"])
+        out = []
+        for s, inp in enumerate(inputs):
+            ids, w = inp["topk_idx"], wide(inp["topk_weights"])
+            owner = _owners(ids, epr)
+            flat = owner.reshape(-1)
+            rows = torch.full_like(flat, -1)
+            for r in range(world):
+                sel = flat == r
+                rows[sel] = int(inp["rank_offsets"][s, r]) + torch.arange(int(sel.sum()))
+            rows = rows.view_as(owner)
+            y = torch.zeros((t, d), dtype=torch.float64)
+            for j in range(int(ids.shape[1])):
+                for r in range(world):
+                    sel = owner[:, j] == r
+                    if bool(sel.any()):
+                        y[sel] += w[sel, j, None] * wide(inputs[r]["expert_out"][rows[sel, j]])
+            out.append({"combined_x": narrow(y, case.dtype)})
+        return out
+
+    def size_case(self, perf, size_bytes, world):
+        from ..cards import CaseSpec
+
+        params, d = _topk_size_params(perf)
+        t = max(1, size_bytes // (int(params["topk"]) * d * _elem(perf.dtype)))
+        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[t, d], dtype=perf.dtype, params=params)
+
+    def metric_bytes(self, case, world):
+        return int(case.shape[0]) * int(case.params["topk"]) * int(case.shape[1]) * _elem(case.dtype)

@@ -241,3 +241,67 @@ class HaloExchange1D(GoldenOp):
 
     def metric_bytes(self, case, world):
         return 2 * int(case.params["halo"]) * torch.empty((), dtype=to_dtype(case.dtype)).element_size()
+
+
+# ---- ping-pong of a ball between rank pairs --------------------------------------------------------------------
+
+def _wrap_u32(v: int) -> int:
+    """v modulo 2**32, as the int32 with the same bits (the ball is a uint32 that wraps)."""
+    v &= 0xFFFF_FFFF
+    return v - (1 << 32) if v >= (1 << 31) else v
+
+
+@register
+class PingPongChain(GoldenOp):
+    """`pingpong(x) -> y`: ranks 2i and 2i+1 bounce a ball `rounds` times; each returns the balls it received.
+
+    x holds this rank's `rounds` keys (int32). The pinger (even rank) starts with ball = 0; in round k it adds
+    x[k] and sends the ball; the ponger records what it received in y[k], adds its own x[k] and sends it back; the
+    pinger records the reply in y[k] and goes on. Arithmetic wraps modulo 2**32. Every y[k] depends on all keys
+    of both ranks up to round k, so the rounds must happen in order; keys are full-range random, so a stale or
+    skipped message shows up as a wrong value. Worlds are even (pairs); nccl-tests size: the keys' bytes.
+    """
+
+    name = "pingpong_chain"
+    nccl_op = None
+    functions = ("pingpong",)
+    MAX_ROUNDS = 65535  # the reference packs the round into 16 bits of its sequence numbers
+
+    def validate_case(self, case):
+        if case.dtype != "int32":
+            raise ValueError("dtype must be int32 (the keys and balls are 32-bit integers)")
+        if len(case.shape) != 1 or not 1 <= case.shape[0] <= self.MAX_ROUNDS:
+            raise ValueError(f"shape must be [rounds] with 1 <= rounds <= {self.MAX_ROUNDS}")
+
+    def supports_world(self, world, case):
+        return world % 2 == 0
+
+    def make_inputs(self, case, rank, world, seed):
+        keys = torch.randint(-(1 << 31), 1 << 31, (int(case.shape[0]),), generator=generator(seed), dtype=torch.int64)
+        return {"x": keys.to(torch.int32)}
+
+    def call(self, fns, inputs, case, rank, world):
+        return {"y": expect_tensor(fns["pingpong"](inputs["x"]), "pingpong's return value")}
+
+    def expected(self, case, world, inputs):
+        if world % 2:
+            raise ValueError(f"pingpong pairs ranks up: world {world} is odd")
+        out: list[dict[str, torch.Tensor]] = []
+        for ping in range(0, world, 2):
+            keys_ping, keys_pong = inputs[ping]["x"].tolist(), inputs[ping + 1]["x"].tolist()
+            got_ping, got_pong = [], []
+            ball = 0
+            for k_ping, k_pong in zip(keys_ping, keys_pong):
+                ball = _wrap_u32(ball + k_ping)
+                got_pong.append(ball)
+                ball = _wrap_u32(ball + k_pong)
+                got_ping.append(ball)
+            out += [{"y": torch.tensor(got_ping, dtype=torch.int32)}, {"y": torch.tensor(got_pong, dtype=torch.int32)}]
+        return out
+
+    def size_case(self, perf, size_bytes, world):
+        from ..cards import CaseSpec
+
+        rounds = min(self.MAX_ROUNDS, max(1, size_bytes // 4))
+        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[rounds], dtype="int32",
+                        params=dict(perf.params))

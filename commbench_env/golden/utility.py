@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from . import register
 from .base import CandidateError, GoldenOp, expect_tensor, generator, narrow, rand, to_dtype, wide
+from .collectives import AllGatherCat
 
 # Captured when the judge imports the golden ops, i.e. before the rank installs its tripwires. A forbidden
 # `all_reduce` replaces both `torch.distributed.all_reduce` and the ProcessGroup method `allreduce` that it calls,
@@ -361,3 +362,112 @@ class AllGatherVarlen(GoldenOp):
         if case.params.get("bench"):
             return case.shape[0] * elem
         return world * case.shape[0] * elem // 2  # lengths are uniform in [0, max_len]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+@register
+class PeerHistogram(GoldenOp):
+    """`histogram(ids, bins) -> y`: a histogram whose bins are spread over the ranks; rank r returns the counts of
+    global bins r*bins .. (r+1)*bins - 1 over the ids of ALL ranks.
+
+    Each rank holds int32 ids in [0, world * bins). Card cases: shape = [n] ids per rank (params.uneven: each
+    rank draws its own length in [0, n], and rank params.empty_rank mod world, if given, has none);
+    params.bins = bins per rank; params.hot = the fraction of ids that fall on a few hot bins shared by every rank
+    (contention on the same counters). Counts are integers, so the result is exact whatever the order of the
+    additions. nccl-tests size: the bytes of one rank's ids.
+    """
+
+    name = "peer_histogram"
+    nccl_op = None
+    functions = ("histogram",)
+    HOT_BINS = 4
+
+    def validate_case(self, case):
+        if case.dtype != "int32":
+            raise ValueError("dtype must be int32 (the ids)")
+        if len(case.shape) != 1 or case.shape[0] < 0:
+            raise ValueError("shape must be [n] with n >= 0 ids per rank")
+        b = _int_param(case, "bins")
+        if not 1 <= b <= 1 << 20:
+            raise ValueError(f"params.bins must be in [1, {1 << 20}], got {b}")
+        hot = case.params.get("hot", 0.0)
+        if isinstance(hot, bool) or not isinstance(hot, (int, float)) or not 0.0 <= hot <= 1.0:
+            raise ValueError(f"params.hot must be a fraction in [0, 1], got {hot!r}")
+        if "empty_rank" in case.params:
+            _int_param(case, "empty_rank")
+
+    def length(self, case, rank: int, world: int, g: torch.Generator) -> int:
+        n = int(case.shape[0])
+        if "empty_rank" in case.params and rank == int(case.params["empty_rank"]) % world:
+            return 0
+        if case.params.get("uneven"):
+            return int(torch.randint(0, n + 1, (1,), generator=g))
+        return n
+
+    def make_inputs(self, case, rank, world, seed):
+        g = generator(seed)
+        n = self.length(case, rank, world, g)
+        total = world * int(case.params["bins"])
+        ids = torch.randint(0, total, (n,), generator=g, dtype=torch.int64)
+        hot = float(case.params.get("hot", 0.0))
+        if hot > 0 and n:
+            # the same few hot bins on every rank: they come from the case, not from the rank's seed
+            hot_bins = torch.randint(0, total, (self.HOT_BINS,), generator=generator(total * 7919 + int(case.shape[0])))
+            pick = torch.rand(n, generator=g) < hot
+            ids[pick] = hot_bins[torch.randint(0, self.HOT_BINS, (int(pick.sum()),), generator=g)]
+        return {"x": ids.to(torch.int32)}
+
+    def call(self, fns, inputs, case, rank, world):
+        y = fns["histogram"](inputs["x"], int(case.params["bins"]))
+        return {"y": expect_tensor(y, "histogram's return value")}
+
+    def expected(self, case, world, inputs):
+        bins = int(case.params["bins"])
+        ids = torch.cat([i["x"].to(torch.int64) for i in inputs])
+        counts = torch.bincount(ids, minlength=world * bins).to(torch.int32)
+        return [{"y": counts[r * bins:(r + 1) * bins].clone()} for r in range(world)]
+
+    def size_case(self, perf, size_bytes, world):
+        from ..cards import CaseSpec
+
+        params = {"bins": 256, **perf.params}
+        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[max(1, size_bytes // 4)], dtype="int32",
+                        params=params)
+
+    def metric_bytes(self, case, world):
+        return int(case.shape[0]) * 4
+
+
+# ----------------------------------------------------------------------------------------------------------------
+@register
+class BarrierRounds(AllGatherCat):
+    """`barrier_rounds(x) -> y`: `rounds` rounds of publish / barrier / read; y[q * rounds + k] = x_q[k].
+
+    The output is the all-gather of every rank's per-round values (AllGatherCat's semantics, reused), but a
+    kernel must produce it round by round through a device-side barrier (the card keeps inputs and outputs
+    private, so values can only travel through the ranks' scratch). Shape [rounds], 1-D. nccl-tests size: the
+    bytes of one rank's values, so that a size means the same number of rounds at every world size.
+    """
+
+    name = "barrier_rounds"
+    nccl_op = None
+    functions = ("barrier_rounds",)
+    MAX_ROUNDS = 65535  # the reference packs the round into 16 bits of its flag values
+
+    def validate_case(self, case):
+        if len(case.shape) != 1 or not 1 <= case.shape[0] <= self.MAX_ROUNDS:
+            raise ValueError(f"shape must be [rounds] with 1 <= rounds <= {self.MAX_ROUNDS}")
+
+    def call(self, fns, inputs, case, rank, world):
+        return {"y": expect_tensor(fns["barrier_rounds"](inputs["x"]), "barrier_rounds's return value")}
+
+    def size_case(self, perf, size_bytes, world):
+        from ..cards import CaseSpec
+
+        elem = torch.empty((), dtype=to_dtype(perf.dtype)).element_size()
+        rounds = min(self.MAX_ROUNDS, max(1, size_bytes // elem))
+        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[rounds], dtype=perf.dtype,
+                        params=dict(perf.params))
+
+    def metric_bytes(self, case, world):
+        return int(case.shape[0]) * torch.empty((), dtype=to_dtype(case.dtype)).element_size()
