@@ -2,32 +2,56 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import string
 import time
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import gymnasium as gym
 from gymnasium import spaces
+from gymnasium.error import CustomSpaceError
+from gymnasium.utils import EzPickle
+from gymnasium.vector.utils import create_shared_memory
 from pydantic import Field
 
 from .actions import ACTION_HELP, MAX_SOURCE_CHARS, TOOL_TO_MODE, TOOLS, ParseError, parse_action
-from .cards import Task, load_task
+from .cards import Task, load_task, select_tasks
 from .config import StrictModel
-from .errors import CardError
+from .errors import CardError, SandboxError
 from .judge.client import JudgeClient
 from .judge.result import JudgeResult, SizeResult
 from .paths import cache_dir
 from .reference import reference_figures
-from .reward import RewardBreakdown, RewardConfig, compute_reward
+from .reward import RewardBreakdown, RewardConfig, TurnCredit, TurnRewardConfig, compute_reward
 from .sandbox import Sandbox, SandboxProfile, load_profile, open_sandbox
 from .trace import TRACE_SCHEMA, TraceWriter, new_trace_path
+
+if TYPE_CHECKING:
+    from .pool import SandboxPool, Slot
 
 CHARSET = string.printable  # spaces.Text's default is alphanumeric only
 MAX_OBS_CHARS = 100_000
 _ASCII = {"\u2014": "--", "\u2013": "-", "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u00d7": "x",
           "\u2026": "...", "\u2192": "->", "\u2264": "<=", "\u2265": ">=", "\u00b5": "u"}
 _ALLOWED = frozenset(CHARSET)
+
+
+class PrintableText(spaces.Text):
+    """spaces.Text over printable ASCII. It refuses gymnasium's shared memory: AsyncVectorEnv reads Text out of
+    shared memory once, when it is built, so every later observation would be the first one (gymnasium 1.4).
+    The error tells the user to pass `vector_kwargs={"shared_memory": False}`; observations then travel by pipe."""
+
+
+@create_shared_memory.register(PrintableText)
+def _no_shared_memory(space: PrintableText, n: int = 1, ctx: Any = None) -> Any:
+    raise CustomSpaceError("CommBench observations are text that AsyncVectorEnv cannot share through memory; "
+                           "use AsyncVectorEnv(..., shared_memory=False), or gymnasium.make_vec(..., "
+                           "vectorization_mode='async', vector_kwargs={'shared_memory': False})")
 
 
 def to_charset(text: str, limit: int = MAX_OBS_CHARS) -> str:
@@ -38,10 +62,15 @@ def to_charset(text: str, limit: int = MAX_OBS_CHARS) -> str:
 
 class EnvConfig(StrictModel):
     task: str = "collective/allreduce_ring"
+    tasks: str | list[str] | None = Field(
+        default=None, description="a task selector ('smoke', 'p2p', globs, ids) or a list of ids: every reset "
+        "without options['task'] draws one with the env's seeded RNG")
     sandbox: str = "local-cpu"
     max_turns: int = Field(default=8, ge=1)
     world_size: int | None = Field(default=None, description="default: the card's default world size")
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    turn_reward: TurnRewardConfig = Field(default_factory=TurnRewardConfig,
+                                          description="how rewards are spread over turns (see reward.py)")
     terminate_on_solve: bool = Field(default=False, description="end the episode when a check passes")
     submit_on_truncation: bool = Field(default=True, description="score the last code when turns run out")
     reference: Literal["cached", "interleaved", "none"] = Field(
@@ -51,46 +80,101 @@ class EnvConfig(StrictModel):
     static_check: bool = True
 
 
-class CommBenchEnv(gym.Env):
+class CommBenchEnv(gym.Env, EzPickle):
     """Observation: {'task': statement, 'feedback': judge feedback, 'turn': n}. Action: {'tool', 'source'}.
 
-    Reward is 0 on intermediate turns and the final reward (see reward.py) on the turn that terminates
-    (submit, or a passing check with terminate_on_solve) or truncates (turn budget; the last code is scored).
+    By default the reward is 0 on intermediate turns and the final reward (see reward.py) on the turn that
+    terminates (submit, or a passing check with terminate_on_solve) or truncates (turn budget; the last code is
+    scored); `turn_reward={...}` selects another schedule (TurnRewardConfig).
+
+    `sandbox_pool`: a SandboxPool (or a dict of its settings, for a private pool) to borrow sandboxes from instead
+    of owning one. The env pickles as its constructor arguments (a pickled env is a fresh, un-reset copy), so
+    AsyncVectorEnv and other processes can build it; `astep`/`areset` run the blocking judge call in a thread.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
-    def __init__(self, task: str | Task = "collective/allreduce_ring", sandbox: str | SandboxProfile = "local-cpu",
+    def __init__(self, task: str | Task = "collective/allreduce_ring", sandbox: str | SandboxProfile | None = None,
                  max_turns: int = 8, world_size: int | None = None, reward: RewardConfig | dict | None = None,
-                 render_mode: str | None = None, agent: dict | None = None, **options: Any):
+                 render_mode: str | None = None, agent: dict | None = None,
+                 sandbox_pool: SandboxPool | dict | None = None, **options: Any):
+        EzPickle.__init__(self, task, sandbox, max_turns, world_size, reward, render_mode, agent, sandbox_pool,
+                          **options)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None")
         self.render_mode = render_mode
+        self._pool, self._owns_pool = self._make_pool(sandbox_pool, sandbox)
+        if sandbox is None:
+            sandbox = self._pool.profile if self._pool is not None else "local-cpu"
         reward_cfg = reward if isinstance(reward, RewardConfig) else RewardConfig.model_validate(reward or {})
         self.config = EnvConfig(task=task.id if isinstance(task, Task) else task,
                                 sandbox=sandbox.name if isinstance(sandbox, SandboxProfile) else sandbox,
                                 max_turns=max_turns, world_size=world_size, reward=reward_cfg, **options)
         self.profile = sandbox if isinstance(sandbox, SandboxProfile) else load_profile(sandbox)
+        if self._pool is not None and self._pool.profile.name != self.profile.name:
+            raise CardError(f"sandbox {self.profile.name!r} differs from the pool's profile "
+                            f"{self._pool.profile.name!r}; leave sandbox= out when passing sandbox_pool=")
         self.agent_info = agent or {}
+        self.task_ids = self._resolve_tasks(self.config.tasks)
+        if self.task_ids and not isinstance(task, Task) and task not in self.task_ids:
+            task = self.task_ids[0]
         self.task = task if isinstance(task, Task) else load_task(task)
-        self.world_size = self._pick_world(self.config.world_size)
+        self.world_size = (self._world_for(self.task, self.config.world_size) if self.task_ids
+                           else self._pick_world(self.config.world_size))
         self.observation_space = spaces.Dict({
-            "task": spaces.Text(max_length=MAX_OBS_CHARS, min_length=0, charset=CHARSET),
-            "feedback": spaces.Text(max_length=MAX_OBS_CHARS, min_length=0, charset=CHARSET),
+            "task": PrintableText(max_length=MAX_OBS_CHARS, min_length=0, charset=CHARSET),
+            "feedback": PrintableText(max_length=MAX_OBS_CHARS, min_length=0, charset=CHARSET),
             "turn": spaces.Discrete(self.config.max_turns + 1),
         })
         self.action_space = spaces.Dict({
             "tool": spaces.Discrete(len(TOOLS)),
-            "source": spaces.Text(max_length=MAX_SOURCE_CHARS, min_length=0, charset=CHARSET),
+            "source": PrintableText(max_length=MAX_SOURCE_CHARS, min_length=0, charset=CHARSET),
         })
         self._sandbox: Sandbox | None = None
         self._judge: JudgeClient | None = None
+        self._slot: Slot | None = None
+        self._recycle: str | None = None
         self._trace: TraceWriter | None = None
         self.trace_path: Path | None = None
         self._closed = False
         self._reset_state()
 
     # -- helpers ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _make_pool(pool: Any, sandbox: Any) -> tuple[SandboxPool | None, bool]:
+        if pool is None:
+            return None, False
+        from .pool import SandboxPool
+
+        if isinstance(pool, SandboxPool):
+            return pool, False
+        if isinstance(pool, dict):
+            settings = dict(pool)
+            settings.setdefault("profile", sandbox if sandbox is not None else "local-cpu")
+            return SandboxPool(**settings), True
+        raise TypeError(f"sandbox_pool must be a SandboxPool or a dict of its settings, not {type(pool).__name__}")
+
+    def _resolve_tasks(self, tasks: str | list[str] | None) -> list[str]:
+        if tasks is None:
+            return []
+        ids = [t.id for t in select_tasks(tasks)] if isinstance(tasks, str) else list(dict.fromkeys(tasks))
+        if not ids:
+            raise CardError(f"tasks={tasks!r} selects no task")
+        mode = self.profile.device_mode
+        for tid in ids:
+            modes = [m.value for m in load_task(tid).card.world.device_modes]
+            if mode not in modes:
+                raise CardError(f"tasks={tasks!r}: task {tid} runs in device modes {modes}; sandbox profile "
+                                f"{self.profile.name!r} is {mode!r}")
+        return ids
+
+    @staticmethod
+    def _world_for(task: Task, requested: int | None) -> int:
+        """For drawn tasks: the requested world size where the task allows it, else the task's default."""
+        from .runner import pick_world  # runner imports this module
+
+        return pick_world(task, requested)
+
     def _check_device_mode(self) -> None:
         modes = [m.value for m in self.task.card.world.device_modes]
         if self.profile.device_mode not in modes:
@@ -113,6 +197,8 @@ class CommBenchEnv(gym.Env):
         self.done = False
         self.last_result: JudgeResult | None = None
         self.episode_reward = 0.0
+        self.final_reward: float | None = None
+        self.credit = TurnCredit(self.config.turn_reward)
         self.t_episode = time.monotonic()
 
     def _obs(self) -> dict[str, Any]:
@@ -135,10 +221,48 @@ class CommBenchEnv(gym.Env):
 
     def _finish_trace(self, verdict: str | None) -> None:
         if self._trace is not None:
-            self._trace.write({"type": "episode_end", "reward": self.episode_reward, "turns": self.turn,
+            self._trace.write({"type": "episode_end", "reward": self.final_reward or 0.0, "return": self.episode_reward,
+                               "turn_rewards": self.credit.turn_rewards(), "turns": self.turn,
                                "final_verdict": verdict, "duration_s": time.monotonic() - self.t_episode})
             self._trace.close()
             self._trace = None
+
+    # -- pooled sandboxes ----------------------------------------------------------------------------------
+    def _slot_info(self) -> dict[str, Any] | None:
+        s = self._slot
+        return {"id": s.id, "gpus": list(s.gpus), "ports": list(s.ports)} if s is not None else None
+
+    def _release_slot(self, recycle: str | None = None, episode_end: bool = True) -> None:
+        slot, self._slot = self._slot, None
+        reason, self._recycle = recycle or self._recycle, None
+        if slot is not None and self._pool is not None:
+            self._pool.release(slot, recycle=reason, episode_end=episode_end)
+
+    @contextmanager
+    def _judging(self) -> Iterator[JudgeClient]:
+        """The judge for this step: the env's own, or a pooled sandbox's (kept for the episode, or for this turn
+        with hold="turn"). A SandboxError recycles the pooled sandbox; the next step borrows another."""
+        if self._pool is None:
+            yield self._judge  # type: ignore[misc]
+            return
+        if self._slot is None:
+            self._slot = self._pool.acquire(self.world_size)
+        try:
+            yield self._slot.judge
+        except SandboxError as exc:
+            self._release_slot(recycle=f"infrastructure: {str(exc)[:200]}", episode_end=False)
+            raise
+        if self.done or self._pool.hold == "turn":
+            self._release_slot(episode_end=self.done)
+
+    def _evaluate(self, judge: JudgeClient, files: dict[str, str], mode: str) -> JudgeResult:
+        result = judge.evaluate(self.task, files, mode, self.world_size,  # type: ignore[arg-type]
+                                static_check=self.config.static_check)
+        if self._pool is not None and self._recycle is None:
+            from .pool import recycle_reason
+
+            self._recycle = recycle_reason(result)
+        return result
 
     # -- gymnasium API ---------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -147,14 +271,27 @@ class CommBenchEnv(gym.Env):
             raise gym.error.ResetNeeded("the env was closed; make a new one")
         if self._trace is not None:
             self._finish_trace(self.last_result.verdict.value if self.last_result else None)
+        self._release_slot()  # an episode left unfinished gives its pooled sandbox back
         options = options or {}
         if "task" in options and options["task"] != self.task.id:
             self.task = load_task(options["task"])
             self.world_size = self._pick_world(options.get("world_size", self.config.world_size))
+        elif "task" not in options and self.task_ids:
+            drawn = self.task_ids[int(self.np_random.integers(len(self.task_ids)))]
+            if drawn != self.task.id:
+                self.task = load_task(drawn)
+            self.world_size = self._world_for(self.task, options.get("world_size", self.config.world_size))
         elif "world_size" in options:
             self.world_size = self._pick_world(options["world_size"])
         self._reset_state()
-        self._ensure_sandbox(fresh=self.profile.fresh_per_episode)
+        if self._pool is None:
+            self._ensure_sandbox(fresh=self.profile.fresh_per_episode)
+            hardware = self._sandbox.hardware()  # type: ignore[union-attr]
+        elif self._pool.hold == "episode":
+            self._slot = self._pool.acquire(self.world_size)
+            hardware = self._slot.sandbox.hardware()
+        else:
+            hardware = self._pool.hardware(self.world_size)
         trace_dir = Path(self.config.trace_dir) if self.config.trace_dir else cache_dir() / "traces"
         self.trace_path, episode_id = new_trace_path(trace_dir, self.task.id)
         self._trace = TraceWriter(self.trace_path)
@@ -162,11 +299,14 @@ class CommBenchEnv(gym.Env):
             "type": "episode_start", "schema": TRACE_SCHEMA, "episode_id": episode_id, "task_id": self.task.id,
             "task_hash": self.task.hash, "task_card": self.task.card.model_dump(mode="json", exclude={"cases"}),
             "task_view": self.task.agent_view(), "sandbox": self.profile.model_dump(mode="json"),
-            "hardware": self._sandbox.hardware().model_dump(), "agent": self.agent_info,
+            "hardware": hardware.model_dump(), "agent": self.agent_info, "sandbox_slot": self._slot_info(),
             "config": {**self.config.model_dump(mode="json"), "world_size": self.world_size}, "seed": seed,
         })
-        return self._obs(), {"task_id": self.task.id, "task_hash": self.task.hash, "world_size": self.world_size,
-                             "trace_path": str(self.trace_path), "tools": list(TOOLS)}
+        info = {"task_id": self.task.id, "task_hash": self.task.hash, "world_size": self.world_size,
+                "trace_path": str(self.trace_path), "tools": list(TOOLS)}
+        if self._slot is not None:
+            info["sandbox"] = self._slot_info()
+        return self._obs(), info
 
     def step(self, action: Any):
         if self._closed:
@@ -177,48 +317,63 @@ class CommBenchEnv(gym.Env):
         t0 = time.monotonic()
         info: dict[str, Any] = {"turn": self.turn, "task_id": self.task.id, "task_hash": self.task.hash,
                                 "trace_path": str(self.trace_path)}
-        reward, terminated, result, parts = 0.0, False, None, None
+        terminated, result, parts = False, None, None
+        final: float | None = None
         try:
             act = parse_action(action, self.task.card.entry.file)
         except ParseError as exc:
             act = None
             self.feedback = f"Could not parse the action: {exc}\n{ACTION_HELP}"
             info["parse_error"] = str(exc)
+        files = (act.files or self.last_files) if act is not None else {}
         if act is not None:
-            files = act.files or self.last_files
             info["tool"] = act.tool
             if not files:
                 self.feedback = f"No source yet: send the text of {self.task.card.entry.file} in 'source'."
-            else:
-                self.last_files = dict(files)
-                mode = TOOL_TO_MODE[act.tool]
-                result = self._judge.evaluate(self.task, files, mode, self.world_size,  # type: ignore[union-attr]
-                                              static_check=self.config.static_check)
-                terminated = act.tool == "submit" or (self.config.terminate_on_solve and result.correct)
-                if terminated and mode != "full":
-                    result = self._judge.evaluate(self.task, files, "full", self.world_size,  # type: ignore[union-attr]
-                                                  static_check=self.config.static_check)
-                if terminated:
-                    parts = self._final_reward(result)
-                    reward = parts.reward
-                else:
-                    parts = compute_reward(result, None, self.config.reward)
-                self.feedback = result.feedback(self.config.feedback_chars)
-                if terminated:
-                    self.feedback += f"\n\nSubmitted. Reward {reward:.3f}" + (f" ({parts.note})" if parts.note else "")
-        truncated = not terminated and self.turn >= self.config.max_turns
-        if truncated and self.config.submit_on_truncation and self.last_files:
-            result = self._judge.evaluate(self.task, self.last_files, "full", self.world_size,  # type: ignore[union-attr]
-                                          static_check=self.config.static_check)
-            parts = self._final_reward(result)
-            reward = parts.reward
-            self.feedback += f"\n\nTurn budget used up; your last code was scored: reward {reward:.3f}"
-        self.done = terminated or truncated
+        truncated_now = self.turn >= self.config.max_turns
+        needs_judge = bool(files) or (truncated_now and self.config.submit_on_truncation and bool(self.last_files))
+        try:
+            with self._judging() if needs_judge else nullcontext() as judge:
+                if self._slot is not None:
+                    info["sandbox"] = self._slot_info()
+                if act is not None and files:
+                    self.last_files = dict(files)
+                    mode = TOOL_TO_MODE[act.tool]
+                    result = self._evaluate(judge, files, mode)
+                    terminated = act.tool == "submit" or (self.config.terminate_on_solve and result.correct)
+                    if terminated and mode != "full":
+                        result = self._evaluate(judge, files, "full")
+                    if terminated:
+                        parts = self._final_reward(judge, result)
+                        final = parts.reward
+                    else:
+                        parts = compute_reward(result, None, self.config.reward)
+                    self.feedback = result.feedback(self.config.feedback_chars)
+                    if terminated:
+                        self.feedback += f"\n\nSubmitted. Reward {final:.3f}" + (f" ({parts.note})" if parts.note else "")
+                truncated = not terminated and truncated_now
+                if truncated and self.config.submit_on_truncation and self.last_files:
+                    result = self._evaluate(judge, self.last_files, "full")
+                    parts = self._final_reward(judge, result)
+                    final = parts.reward
+                    self.feedback += f"\n\nTurn budget used up; your last code was scored: reward {final:.3f}"
+                self.done = terminated or truncated
+        except SandboxError:
+            self.turn -= 1  # the infrastructure failed, not the agent: this turn did not happen
+            raise
+        if self.done and final is None:
+            final = 0.0  # the episode ended unscored
+        score = parts.reward if parts is not None else None
+        reward = self.credit.step(score, final if self.done else None)
         self.episode_reward += reward
+        if self.done:
+            self.final_reward = final
+            info["final_reward"] = final
+            info["turn_rewards"] = self.credit.turn_rewards()
         if result is not None:
             self.last_result = result
         info.update({"judge_result": result.model_dump(mode="json") if result else None,
-                     "reward_parts": parts.model_dump() if parts else None,
+                     "reward_parts": parts.model_dump() if parts else None, "turn_score": self.credit.scores[-1],
                      "verdict": result.verdict.value if result else None, "step_s": time.monotonic() - t0})
         obs = self._obs()
         self._trace.write({"type": "step", "turn": self.turn,
@@ -226,17 +381,18 @@ class CommBenchEnv(gym.Env):
                                       "raw": None if act else str(action)[:2000]},
                            "meta": act.meta if act else {}, "observation": obs["feedback"],
                            "judge_result": info["judge_result"], "reward": reward, "reward_parts": info["reward_parts"],
+                           "turn_score": info["turn_score"], "sandbox_slot": info.get("sandbox"),
                            "terminated": terminated, "truncated": truncated, "step_s": info["step_s"],
                            "error": info.get("parse_error")})
         if self.done:
             self._finish_trace(result.verdict.value if result else None)
+            self._release_slot()
         return obs, float(reward), terminated, truncated, info
 
-    def _final_reward(self, result: JudgeResult) -> RewardBreakdown:
+    def _final_reward(self, judge: JudgeClient, result: JudgeResult) -> RewardBreakdown:
         ref: list[SizeResult] | None = None
         if result.correct and self.config.reference != "none":
-            ref = reference_figures(self._judge, self.task, self.world_size,  # type: ignore[arg-type]
-                                    refresh=self.config.reference == "interleaved")
+            ref = reference_figures(judge, self.task, self.world_size, refresh=self.config.reference == "interleaved")
         return compute_reward(result, ref, self.config.reward)
 
     def render(self) -> str | None:
@@ -250,4 +406,23 @@ class CommBenchEnv(gym.Env):
         self._closed = True
         self._finish_trace(self.last_result.verdict.value if self.last_result else None)
         self._close_sandbox()
+        self._release_slot()
+        if self._owns_pool and self._pool is not None:
+            self._pool.close()
         super().close()
+
+    # -- asyncio -----------------------------------------------------------------------------------------------
+    # The judge call blocks (it waits on processes in the sandbox), so these run reset/step in a thread of
+    # `executor` (default: the loop's default executor) and the event loop stays free. One call at a time per env;
+    # a cancelled await does not stop a judge call already running.
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None,
+                     executor: Executor | None = None):
+        return await asyncio.get_running_loop().run_in_executor(
+            executor, functools.partial(self.reset, seed=seed, options=options))
+
+    async def astep(self, action: Any, *, executor: Executor | None = None):
+        return await asyncio.get_running_loop().run_in_executor(executor, self.step, action)
+
+    async def aclose(self, *, executor: Executor | None = None) -> None:
+        await asyncio.get_running_loop().run_in_executor(executor, self.close)
+

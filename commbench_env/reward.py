@@ -7,6 +7,10 @@
 
 With the defaults (w_c = 0.5, speed_floor = 8): as fast as the reference or faster -> 1.0; half as fast -> 0.83;
 8x slower or worse -> 0.5; wrong -> 0. Bounded in [0, 1], monotonic in correctness and in bandwidth.
+
+How that reward is spread over the turns of an episode is a separate choice (TurnRewardConfig, `turn_reward=` in
+the env): the final reward on the last turn only (the default), improvement deltas of per-turn scores, or the
+final reward credited back to every turn with a discount.
 """
 
 from __future__ import annotations
@@ -95,3 +99,59 @@ def compute_reward(result: JudgeResult, reference: list[SizeResult] | None, cfg:
     return RewardBreakdown(reward=cfg.correctness_weight + (1 - cfg.correctness_weight) * perf, correct=True,
                            compiled=True, case_fraction=1.0, speedup=speedup, perf_score=perf,
                            band=band_of(speedup, cfg), sizes=rows)
+
+
+# -- per-turn schedules ---------------------------------------------------------------------------------------
+class TurnRewardConfig(StrictModel):
+    """Which reward each step returns. A turn's score s_t is `compute_reward` of that turn's result (correctness and
+    shaping only: intermediate turns have no reference timing), and the final reward on the turn that ends the
+    episode (0 if the episode ends unscored). A turn that judged nothing (unparseable action) keeps s_{t-1}.
+
+    - final: 0 on every turn but the last, which returns the final reward R (the default; the behaviour before
+      schedules existed).
+    - improvement: r_t = s_t - s_{t-1} (baseline "previous", s_0 = 0: the rewards of an episode sum to R), or
+      r_t = s_t - max(s_0..s_{t-1}) (baseline "best": a regression is charged against the best code so far).
+    - discounted: steps return what `final` returns, and the last step's info carries `turn_rewards`, the final
+      reward credited to each turn t of T as gamma^(T - t) * R (a per-turn return for trainers that treat turns as
+      separate samples; it can only be known when the episode ends).
+
+    Every mode puts the list the episode earned per turn in the last step's `info["turn_rewards"]`.
+    """
+
+    mode: Literal["final", "improvement", "discounted"] = "final"
+    baseline: Literal["previous", "best"] = Field(default="previous", description="improvement: subtract the "
+                                                  "previous turn's score or the best score so far")
+    gamma: float = Field(default=0.9, gt=0, le=1, description="discounted: credit per turn back from the last")
+
+
+class TurnCredit:
+    """One episode's bookkeeping for a TurnRewardConfig: feed each turn's score, get the reward to return."""
+
+    def __init__(self, cfg: TurnRewardConfig | None = None):
+        self.cfg = cfg or TurnRewardConfig()
+        self.scores: list[float] = []
+        self.rewards: list[float] = []
+        self.final: float | None = None
+
+    def step(self, score: float | None, final: float | None = None) -> float:
+        """`score`: this turn's score (None: nothing was judged). `final`: the final reward if this turn ends the
+        episode. Returns this step's reward."""
+        prev = self.scores[-1] if self.scores else 0.0
+        best = max([0.0, *self.scores])
+        s = final if final is not None else (prev if score is None else score)
+        self.scores.append(s)
+        if final is not None:
+            self.final = final
+        if self.cfg.mode == "improvement":
+            r = s - (prev if self.cfg.baseline == "previous" else best)
+        else:
+            r = final if final is not None else 0.0
+        self.rewards.append(r)
+        return r
+
+    def turn_rewards(self) -> list[float]:
+        """Per turn: what each turn earned under the schedule (meaningful once the episode has ended)."""
+        if self.cfg.mode == "discounted" and self.final is not None:
+            n = len(self.scores)
+            return [self.cfg.gamma ** (n - 1 - t) * self.final for t in range(n)]
+        return list(self.rewards)

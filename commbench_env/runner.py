@@ -53,7 +53,7 @@ def play_episode(env: CommBenchEnv, agent: Agent, *, options: dict[str, Any] | N
     jr = last.get("judge_result") or {}
     bench = jr.get("benchmark") or []
     return EpisodeSummary(task_id=env.task.id, agent=agent.name, world_size=env.world_size, turns=env.turn,
-                          reward=float(reward), verdict=last.get("verdict"), correct=bool(parts.get("correct")),
+                          reward=float(last.get("final_reward", reward)), verdict=last.get("verdict"), correct=bool(parts.get("correct")),
                           speedup=parts.get("speedup"), band=parts.get("band"),
                           busbw_gbps=bench[-1]["busbw_gbps"] if bench else None,
                           size_bytes=bench[-1]["size_bytes"] if bench else None,

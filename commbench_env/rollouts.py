@@ -1,0 +1,247 @@
+"""Many episodes at once under asyncio: agents are coroutines (an LLM rollout awaits its model calls), the judge
+runs in threads, and a few envs (each reused across episodes, optionally borrowing from a SandboxPool) serve a
+queue of episode requests.
+
+    async def main():
+        async with EpisodePool(lambda req: MyAsyncAgent(), concurrency=8, env_kwargs={"max_turns": 4}) as pool:
+            outcomes = await pool.run(["p2p/ring_shift", "collective/allreduce_ring"] * 16)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from .agents.base import Agent
+from .env import CommBenchEnv
+from .errors import SandboxError
+from .pool import SandboxPool
+
+
+@runtime_checkable
+class AsyncAgent(Protocol):
+    """Plays one episode: `reset` with the first observation, then `act` until the episode ends."""
+
+    async def reset(self, observation: dict[str, Any], info: dict[str, Any]) -> None: ...
+
+    async def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Any: ...
+
+
+class ThreadedAgent:
+    """A synchronous Agent (commbench_env.agents) as an AsyncAgent: its calls run in a thread."""
+
+    def __init__(self, agent: Agent, executor: ThreadPoolExecutor | None = None):
+        self.agent = agent
+        self.name = getattr(agent, "name", type(agent).__name__)
+        self._ex = executor
+
+    async def _run(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._ex, fn, *args)
+
+    async def reset(self, observation: dict[str, Any], info: dict[str, Any]) -> None:
+        await self._run(self.agent.reset, observation, info)
+
+    async def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Any:
+        return await self._run(self.agent.act, observation, info)
+
+    async def close(self) -> None:
+        await self._run(self.agent.close)
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    """One episode to play. `tag` is the caller's (e.g. the prompt group of a GRPO batch)."""
+
+    task: str
+    world_size: int | None = None
+    seed: int | None = None
+    tag: Any = None
+
+
+@dataclass
+class StepRecord:
+    turn: int
+    tool: str | None
+    verdict: str | None
+    reward: float
+    started: float  # time.monotonic()
+    ended: float
+
+
+@dataclass
+class EpisodeOutcome:
+    request: EpisodeRequest
+    index: int
+    task_id: str = ""
+    world_size: int = 0
+    turns: int = 0
+    final_reward: float = 0.0
+    rewards: list[float] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    verdict: str | None = None
+    trace_path: str | None = None
+    sandbox: dict[str, Any] | None = None  # pooled: {"id", "gpus", "ports"} of the sandbox at reset
+    started: float = 0.0  # time.monotonic()
+    ended: float = 0.0
+    attempts: int = 0
+    error: str | None = None  # an infrastructure failure that outlived the retries (never the agent's fault)
+    steps: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+AgentFactory = Callable[[EpisodeRequest], "AsyncAgent | Agent"]
+
+
+class EpisodePool:
+    """Runs episode requests with `concurrency` episodes in flight, each on its own env (made once per worker and
+    reused: its sandbox's judge stays warm). `agent(request)` makes the agent of one episode: an AsyncAgent, or a
+    synchronous Agent (run in threads). With `sandbox_pool`, envs borrow sandboxes from it (disjoint GPUs and
+    ports, recycling, utilisation figures); without, each env owns one sandbox. An episode that hits an
+    infrastructure failure (SandboxError) is replayed up to `infra_retries` times on a fresh sandbox.
+    """
+
+    def __init__(self, agent: AgentFactory, *, concurrency: int = 4, env_kwargs: dict[str, Any] | None = None,
+                 sandbox_pool: SandboxPool | None = None, infra_retries: int = 1):
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.agent_factory = agent
+        self.concurrency = concurrency
+        self.env_kwargs = dict(env_kwargs or {})
+        self.sandbox_pool = sandbox_pool
+        self.infra_retries = infra_retries
+        # judge calls and synchronous agents: one thread per episode in flight, plus one for each one's agent
+        self._executor = ThreadPoolExecutor(max_workers=2 * concurrency, thread_name_prefix="commbench-episode")
+        self._envs: list[CommBenchEnv] = []
+
+    # -- running ---------------------------------------------------------------------------------------------
+    async def run(self, requests: Iterable[EpisodeRequest | str]) -> list[EpisodeOutcome]:
+        """Play every request; outcomes in request order."""
+        out: dict[int, EpisodeOutcome] = {}
+        async for o in self.stream(requests):
+            out[o.index] = o
+        return [out[i] for i in sorted(out)]
+
+    async def stream(self, requests: Iterable[EpisodeRequest | str]) -> AsyncIterator[EpisodeOutcome]:
+        """Play every request; yield outcomes as episodes finish (a trainer can consume them as they come)."""
+        queue: asyncio.Queue[tuple[int, EpisodeRequest] | None] = asyncio.Queue()
+        n = 0
+        for i, r in enumerate(requests):
+            queue.put_nowait((i, r if isinstance(r, EpisodeRequest) else EpisodeRequest(task=r)))
+            n += 1
+        done: asyncio.Queue[EpisodeOutcome | BaseException] = asyncio.Queue()
+        workers = [asyncio.create_task(self._worker(queue, done)) for _ in range(min(self.concurrency, n))]
+        for _ in workers:
+            queue.put_nowait(None)
+        try:
+            for _ in range(n):
+                item = await done.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def _worker(self, queue: asyncio.Queue, done: asyncio.Queue) -> None:
+        env: CommBenchEnv | None = None
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                index, req = item
+                try:
+                    env, outcome = await self._episode(env, index, req)
+                except Exception as exc:  # noqa: BLE001 - a card or agent error: stop the run and say so
+                    await done.put(exc)
+                    return
+                await done.put(outcome)
+        finally:
+            if env is not None:
+                self._envs.remove(env)
+                await env.aclose(executor=self._executor)
+
+    async def _new_env(self) -> CommBenchEnv:
+        kwargs = dict(self.env_kwargs)
+        if self.sandbox_pool is not None:
+            kwargs["sandbox_pool"] = self.sandbox_pool
+        env = await asyncio.get_running_loop().run_in_executor(self._executor, lambda: CommBenchEnv(**kwargs))
+        self._envs.append(env)
+        return env
+
+    async def _episode(self, env: CommBenchEnv | None, index: int,
+                       req: EpisodeRequest) -> tuple[CommBenchEnv | None, EpisodeOutcome]:
+        outcome = EpisodeOutcome(request=req, index=index, started=time.monotonic())
+        while True:
+            outcome.attempts += 1
+            if env is None:
+                env = await self._new_env()
+            try:
+                await self._play(env, req, outcome)
+                outcome.error = None
+                break
+            except SandboxError as exc:
+                outcome.error = f"{type(exc).__name__}: {exc}"
+                self._envs.remove(env)
+                await env.aclose(executor=self._executor)  # a fresh env (and sandbox) for the retry
+                env = None
+                if outcome.trace_path:  # an infrastructure failure is never scored as the agent's
+                    Path(outcome.trace_path).unlink(missing_ok=True)
+                if outcome.attempts > self.infra_retries:
+                    break
+        outcome.ended = time.monotonic()
+        return env, outcome
+
+    async def _play(self, env: CommBenchEnv, req: EpisodeRequest, outcome: EpisodeOutcome) -> None:
+        agent = self.agent_factory(req)
+        if not asyncio.iscoroutinefunction(getattr(agent, "act", None)):
+            agent = ThreadedAgent(agent, self._executor)  # type: ignore[arg-type]
+        options: dict[str, Any] = {"task": req.task}
+        if req.world_size is not None:
+            options["world_size"] = req.world_size
+        outcome.steps, outcome.rewards = [], []
+        try:
+            obs, info = await env.areset(seed=req.seed, options=options, executor=self._executor)
+            outcome.task_id, outcome.world_size = info["task_id"], info["world_size"]
+            outcome.trace_path, outcome.sandbox = info.get("trace_path"), info.get("sandbox")
+            await agent.reset(obs, info)
+            terminated = truncated = False
+            while not (terminated or truncated):
+                action = await agent.act(obs, info)
+                t0 = time.monotonic()
+                obs, reward, terminated, truncated, info = await env.astep(action, executor=self._executor)
+                outcome.steps.append(StepRecord(turn=info["turn"], tool=info.get("tool"), verdict=info.get("verdict"),
+                                                reward=reward, started=t0, ended=time.monotonic()))
+                outcome.rewards.append(reward)
+            outcome.turns = info["turn"]
+            outcome.final_reward = float(info.get("final_reward", reward))
+            outcome.turn_rewards = list(info.get("turn_rewards", outcome.rewards))
+            outcome.verdict = info.get("verdict")
+        finally:
+            close = getattr(agent, "close", None)
+            if close is not None:
+                res = close()
+                if asyncio.iscoroutine(res):
+                    await res
+
+    # -- lifetime ----------------------------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        for env in list(self._envs):
+            await env.aclose(executor=self._executor)
+        self._envs.clear()
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> EpisodePool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
