@@ -177,17 +177,34 @@ def run_cmd(tasks: str = typer.Option("smoke", help="selector: smoke | all | a c
 def eval_cmd(agent: str = typer.Option(..., help="agent card name or path"),
              tasks: str = typer.Option("all", help="task selector: all | smoke | a category | ids | globs"),
              sandbox: str = typer.Option("local-cpu", help="sandbox profile"),
-             parallel: int = typer.Option(1, help="episodes at once (capped by the sandbox's GPUs)"),
+             parallel: Optional[int] = typer.Option(None, help="episodes at once; threads: default 1, capped by the "
+                                                    "sandbox's GPUs; ray: default no cap (free resources decide)"),
              samples: int = typer.Option(1, help="episodes per task (for pass@k)"),
              world: Optional[int] = typer.Option(None, help="world size where a task allows it"),
              max_turns: Optional[int] = typer.Option(None, "--max-turns", help="turn budget (default: the card's)"),
-             out: Path = typer.Option(..., help="run folder; re-running the same command resumes it")) -> None:
+             out: Path = typer.Option(..., help="run folder; re-running the same command resumes it"),
+             backend: str = typer.Option("threads", help="threads (this host) | ray (a Ray cluster's nodes)"),
+             ray_address: Optional[str] = typer.Option(None, "--ray-address", help="ray: the cluster to join ('auto': "
+                                                       "the one `ray start` set up here); default: a one-node instance "
+                                                       "on 127.0.0.1"),
+             gpu_share: float = typer.Option(1.0, "--gpu-share", help="ray, cuda-shared sandboxes: the fraction of a "
+                                             "GPU each episode asks for")) -> None:
     """Evaluate an agent: traces and results.jsonl in OUT; finished episodes are skipped on restart."""
     from .cards import select_tasks
     from .evaluation import run_eval
 
+    ray_options = None
     try:
         selected = select_tasks(tasks)
+        if backend == "ray":
+            from .agents import load_agent_card
+            from .ray_backend import RayOptions, agent_env_vars, require_ray
+
+            require_ray()
+            ray_options = RayOptions(address=ray_address, gpu_share=gpu_share, max_in_flight=parallel,
+                                     env_vars=agent_env_vars(load_agent_card(agent)))
+        elif backend != "threads":
+            raise CommBenchError(f"--backend must be threads or ray, not {backend!r}")
     except CommBenchError as exc:
         _fail(exc)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -208,8 +225,8 @@ def eval_cmd(agent: str = typer.Option(..., help="agent card name or path"),
                 progress.console.print(f"  [yellow]{data['key']}: infrastructure error, retrying[/] ({data['error'][:100]})")
 
         try:
-            run_eval(agent, selected, sandbox=sandbox, out=out, parallel=parallel, samples=samples, world=world,
-                     max_turns=max_turns, on_event=on_event)
+            run_eval(agent, selected, sandbox=sandbox, out=out, parallel=parallel or 1, samples=samples, world=world,
+                     max_turns=max_turns, on_event=on_event, backend=backend, ray_options=ray_options)
         except CommBenchError as exc:
             _fail(exc)
     console.print(f"done: {out / 'results.jsonl'}; `commbench report {out}` summarises it")
