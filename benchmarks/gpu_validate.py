@@ -78,7 +78,34 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: run this on a GPU machine")
     gpus = torch.cuda.device_count()
-    rows, failures, copy_checks = [], 0, []
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / (f"gpu_validate-{dt.date.today().isoformat()}-{gpus}gpu-{a.modes.replace(',', '+')}"
+                  f"-w{a.worlds.replace(',', '+')}.md")
+    header = machine_header()
+    cols = ("task", "language", "mode", "world", "correct", "figure", "of roofline", "seconds")
+    rows, copy_checks = [], []
+
+    def write_report(final: bool) -> int:
+        """The markdown table so far (rewritten after every row, so a run cut short keeps what it measured)."""
+        failures = sum(not r[4].startswith("yes") for r in rows)
+        md = ["# GPU validation of task references", "", *header, "",
+              "Figures in `cuda-shared` are emulated (all ranks on one GPU) and bounded by its copy bandwidth.", "",
+              *([] if final else ["**Incomplete: the run was still going (or was cut short) when this was written.**",
+                                  ""]),
+              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        md += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+        if copy_checks:
+            md += ["", (f"Copy-bandwidth check (cuda-shared, >= 64 MiB, target {COPY_TARGET_PCT:.0f}% of the device "
+                        "copy bandwidth shared by the ranks, measured by the judge in the same evaluation):"), ""]
+            for tid, world, size, pct in copy_checks:
+                ok = size >= 64 << 20 and pct is not None and pct >= COPY_TARGET_PCT
+                failures += not ok
+                md.append(f"- {tid} world {world} at {size >> 20} MiB: "
+                          f"{pct if pct is not None else float('nan'):.0f}% {'meets' if ok else 'MISSES'} the target")
+        path.write_text("\n".join(md) + "\n")
+        return failures
+
     for mode in a.modes.split(","):
         if mode == "cuda" and gpus < 2:
             console.print("[yellow]skipping mode cuda: it needs at least 2 GPUs[/]")
@@ -97,7 +124,6 @@ def main() -> None:
                     except CommBenchError as exc:
                         res, verdict, summary = None, "infra_error", str(exc)
                     ok = verdict == "pass"
-                    failures += not ok
                     text, pct_text, pct = figure(res, task.card.performance.metric)
                     if mode == "cuda-shared" and task.id in COPY_TASKS and ok:
                         big = max(res.benchmark, key=lambda b: b.size_bytes)
@@ -108,31 +134,15 @@ def main() -> None:
                     console.print(" | ".join(map(str, rows[-1])), markup=False, highlight=False)
                     if not ok:
                         console.print(res.feedback(3000) if res else summary, markup=False, highlight=False)
+                    write_report(final=False)
             client.close()
-    cols = ("task", "language", "mode", "world", "correct", "figure", "of roofline", "seconds")
     table = Table(title="GPU validation of references")
     for c in cols:
         table.add_column(c)
     for r in rows:
         table.add_row(*map(str, r))
     console.print(table)
-    md = ["# GPU validation of task references", "", *machine_header(), "",
-          "Figures in `cuda-shared` are emulated (all ranks on one GPU) and bounded by its copy bandwidth.", "",
-          "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    md += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-    if copy_checks:
-        md += ["", (f"Copy-bandwidth check (cuda-shared, >= 64 MiB, target {COPY_TARGET_PCT:.0f}% of the device copy "
-                    "bandwidth shared by the ranks, measured by the judge in the same evaluation):"), ""]
-        for tid, world, size, pct in copy_checks:
-            ok = size >= 64 << 20 and pct is not None and pct >= COPY_TARGET_PCT
-            failures += not ok
-            md.append(f"- {tid} world {world} at {size >> 20} MiB: {pct if pct is not None else float('nan'):.0f}% "
-                      f"{'meets' if ok else 'MISSES'} the target")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    modes = a.modes.replace(",", "+")
-    path = out / f"gpu_validate-{dt.date.today().isoformat()}-{gpus}gpu-{modes}-w{a.worlds.replace(',', '+')}.md"
-    path.write_text("\n".join(md) + "\n")
+    failures = write_report(final=True)
     console.print(f"written {path}; {failures} failure(s)")
 
 

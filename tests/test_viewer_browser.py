@@ -79,6 +79,8 @@ def test_browse_a_run(run_dir, tmp_path):
             page.click("#n")
             assert "Submitted. Reward" in page.inner_text("#feedback")
             assert "reference us" in page.inner_text("#bench")  # figures against the reference, per size
+            assert "of roofline" in page.inner_text("#bench")  # and against the roofline (none on CPU)
+            assert "none (CPU mode)" in page.inner_text("#roofline")
             page.screenshot(path=str(tmp_path / "episode.png"))
             browser.close()
     finally:
