@@ -66,6 +66,14 @@ def figure(res, metric: str) -> tuple[str, str, float | None]:
     return text, f"{s.roofline_pct:.0f}% of {roof.per_rank_gbps:.0f} GB/s ({roof.name})", s.roofline_pct
 
 
+def split(res) -> str:
+    """Where an evaluation's time went, so slow tasks can be told apart from slow kernels."""
+    if res is None:
+        return "-"
+    t = res.timings
+    return f"{t.compile_s:.1f}/{t.launch_s + t.load_s:.1f}/{t.run_s:.1f}/{t.verify_s:.1f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", default="cuda,cuda-shared")
@@ -83,7 +91,7 @@ def main() -> None:
     path = out / (f"gpu_validate-{dt.date.today().isoformat()}-{gpus}gpu-{a.modes.replace(',', '+')}"
                   f"-w{a.worlds.replace(',', '+')}.md")
     header = machine_header()
-    cols = ("task", "language", "mode", "world", "correct", "figure", "of roofline", "seconds")
+    cols = ("task", "language", "mode", "world", "correct", "figure", "of roofline", "seconds (build/start/run/verify)")
     rows, copy_checks = [], []
 
     def write_report(final: bool) -> int:
@@ -130,7 +138,7 @@ def main() -> None:
                         copy_checks.append((task.id, world, big.size_bytes, pct))
                     rows.append((task.id, task.card.language.value, mode, world,
                                  "yes" if ok else f"NO ({verdict}: {summary.splitlines()[0][:70] if summary else ''})",
-                                 text, pct_text, f"{time.monotonic() - t0:.1f}"))
+                                 text, pct_text, f"{time.monotonic() - t0:.1f} ({split(res)})"))
                     console.print(" | ".join(map(str, rows[-1])), markup=False, highlight=False)
                     if not ok:
                         console.print(res.feedback(3000) if res else summary, markup=False, highlight=False)
