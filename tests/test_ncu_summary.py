@@ -59,3 +59,18 @@ def test_feedback_shows_the_ncu_summary():
     res = JudgeResult(task_id="p2p/ipc_pull_copy", task_hash="x", mode="profile", world_size=2, device_mode="cuda",
                       verdict=Verdict.passed, ncu=SanitizerReport(tool="ncu", status="ok", report="  DRAM Throughput % 88.02"))
     assert "Nsight Compute (ok):" in res.feedback() and "DRAM Throughput % 88.02" in res.feedback()
+
+
+def test_kernel_rows_get_the_bandwidth_of_the_ops_bytes():
+    from commbench_env.judge.result import RankProfile, kernel_bandwidth
+
+    rows = [{"name": "[gpu] ncclDevKernel_AllReduce", "kind": "comm", "calls": 2, "total_us": 200.0, "mean_us": 100.0},
+            {"name": "aten::add_", "kind": "compute", "calls": 1, "total_us": 5.0, "mean_us": 5.0}]
+    torch_rows = kernel_bandwidth(rows, 64 << 20, gpu_rows_only=True)  # torch ranks: only the GPU kernels
+    assert torch_rows[0]["gbps"] == pytest.approx((64 << 20) / 100e-6 / 1e9) and "gbps" not in torch_rows[1]
+    assert all("gbps" in r for r in kernel_bandwidth(rows, 1 << 20, gpu_rows_only=False))  # cuda tasks: all rows
+    assert "gbps" not in kernel_bandwidth(rows, 0, gpu_rows_only=False)[0]  # no bytes known: no figure
+    res = JudgeResult(task_id="p2p/ipc_pull_copy", task_hash="x", mode="profile", world_size=2, device_mode="cuda",
+                      verdict=Verdict.passed, profile=[RankProfile(rank=0, case="v", wall_us=100, comm_us=100,
+                                                                   compute_us=0, rows=torch_rows)])
+    assert "671.1 GB/s" in res.feedback()

@@ -24,7 +24,7 @@ from ..golden.compare import compare_tensor
 from .protocol import Reader, decode_tensors, derive_seed, pack
 from .request import JudgeRequest
 from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, Roofline,
-                     SizeResult, Timings, Verdict, Violation)
+                     SizeResult, Timings, Verdict, Violation, kernel_bandwidth)
 from .rules import expand_forbidden
 from .static_check import check_source
 
@@ -419,8 +419,9 @@ class Evaluation:
         msgs = self.gather(range(self.world), "profile", case.name)
         for r in range(self.world):
             h = msgs[r][0]
+            rows = kernel_bandwidth(h["rows"], self.op.metric_bytes(case, self.world), gpu_rows_only=True)
             self.result.profile.append(RankProfile(rank=r, case=case.name, wall_us=h["wall_us"], comm_us=h["comm_us"],
-                                                   compute_us=h["compute_us"], rows=h["rows"]))
+                                                   compute_us=h["compute_us"], rows=rows))
 
     # ---- stage 6: shutdown -----------------------------------------------------------------------------
     def shutdown(self) -> None:

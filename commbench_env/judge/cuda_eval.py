@@ -19,7 +19,8 @@ from typing import Any
 from ..cards import CaseSpec
 from .coordinator import Evaluation, RankFailure, RankProc
 from .protocol import decode_tensors, recv_msg, send_msg
-from .result import CaseResult, Mismatch, RankProfile, SanitizerReport, SizeResult, Verdict
+from .result import (CaseResult, Mismatch, RankProfile, SanitizerReport, SizeResult, Verdict,
+                     kernel_bandwidth)
 
 
 def _split(flat: dict[str, Any], world: int) -> list[dict[str, Any]]:
@@ -126,9 +127,10 @@ class DeviceHostEvaluation(Evaluation):
         self.send(self.ranks[0], {"cmd": "profile", "case": case.model_dump(mode="json"), "seeds": seeds,
                                   "out_specs": specs})
         h, _ = self.gather([0], "profile", case.name)[0]
+        op_bytes = self.op.metric_bytes(case, self.world)
         for r in range(self.world):
             wall = h["ns"][r] / 1e3
-            rows = h["rows"] if r == 0 else []
+            rows = kernel_bandwidth(h["rows"], op_bytes, gpu_rows_only=False) if r == 0 else []
             comm = sum(x["total_us"] for x in rows if x["kind"] == "comm")
             self.result.profile.append(RankProfile(rank=r, case=case.name, wall_us=wall, comm_us=comm,
                                                    compute_us=max(0.0, wall - comm), rows=rows))
@@ -213,7 +215,7 @@ class DeviceHostEvaluation(Evaluation):
         exe = shutil.which("ncu")
         if not exe:
             return SanitizerReport(tool="ncu", status="not installed in this sandbox",
-                                   report="Nsight Compute (ncu) is not on PATH here; the kernel table above still holds")
+                                   report="Nsight Compute (ncu) is not on PATH here; the kernel table still holds")
         left = min(self.NCU_LIMIT_S, self.deadline - time.monotonic() - 2)
         if left < 5:
             return SanitizerReport(tool="ncu", status="skipped", report="no time left in this evaluation")

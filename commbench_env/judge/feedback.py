@@ -72,7 +72,8 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
             lines.append(f"  rank {p.rank}: wall {p.wall_us:.0f} us, in torch.distributed {p.comm_us:.0f} us, "
                          f"other {p.compute_us:.0f} us")
             for row in p.rows[:8]:
-                lines.append(f"    {row.kind:<8} {row.name:<40} calls {row.calls:>4}  total {row.total_us:>9.1f} us")
+                lines.append(f"    {row.kind:<8} {row.name:<40} calls {row.calls:>4}  total {row.total_us:>9.1f} us"
+                             + (f"  {row.gbps:.1f} GB/s" if row.gbps else ""))
     if r.ncu:
         lines += ["", f"Nsight Compute ({r.ncu.status}):", _indent(r.ncu.report, 2, max_lines=30)]
     for sr in r.sanitizer:

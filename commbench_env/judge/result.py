@@ -102,6 +102,20 @@ class ProfileRow(StrictModel):
     calls: int
     total_us: float
     mean_us: float
+    gbps: float | None = Field(default=None, description="GPU kernels: the op's bytes per rank over this kernel's "
+                               "mean time, i.e. the bandwidth it achieves if it alone moves them")
+
+
+def kernel_bandwidth(rows: list[dict], op_bytes: int, gpu_rows_only: bool) -> list[dict]:
+    """Add `gbps` to the GPU kernel rows of a profile table (rows named '[gpu] ...' when `gpu_rows_only`)."""
+    out = []
+    for row in rows:
+        row = dict(row)
+        is_kernel = not gpu_rows_only or str(row.get("name", "")).startswith("[gpu]")
+        if is_kernel and op_bytes > 0 and row.get("mean_us", 0) > 0:
+            row["gbps"] = op_bytes / (row["mean_us"] * 1e-6) / 1e9
+        out.append(row)
+    return out
 
 
 class RankProfile(StrictModel):
