@@ -41,6 +41,7 @@ DETAILS = """==PROF== Connected to process 4242
     Section: Occupancy
     Achieved Occupancy                %        45.10
     WRN   One or more blocks were limited by registers.
+          On average, each warp of this kernel spends 9.1 cycles being stalled waiting for a scoreboard dependency
     INF   an informational line that is left out
 """
 
@@ -52,6 +53,7 @@ def test_summary_keeps_the_kernel_the_figures_and_the_findings():
     assert "  DRAM Throughput % 88.02" in lines and "  Achieved Occupancy % 45.10" in lines
     assert any("Duration us 62.14" in ln for ln in lines)
     assert any(ln.startswith("  OPT") for ln in lines) and any(ln.startswith("  WRN") for ln in lines)
+    assert any("being stalled waiting for a scoreboard" in ln for ln in lines)
     assert "DRAM Frequency" not in text and "==PROF==" not in text and "INF" not in text
 
 

@@ -257,7 +257,7 @@ def kernel_base_name(name: str) -> str:
 def summarise_ncu(text: str, metrics: tuple[str, ...]) -> str:
     """The kernel line, the chosen metrics and the first rule findings of an ncu details page."""
     keep: list[str] = []
-    rules = 0
+    rules = stalls = 0
     for ln in text.splitlines():
         s = ln.strip()
         if not s or s.startswith("==PROF=="):
@@ -268,5 +268,8 @@ def summarise_ncu(text: str, metrics: tuple[str, ...]) -> str:
             keep.append("  " + " ".join(s.split()))
         elif s.startswith(("OPT", "WRN")) and rules < 4:
             rules += 1
+            keep.append("  " + " ".join(s.split())[:240])
+        elif "being stalled" in s and stalls < 2:  # the warp-state rules' sentences name the top stall reasons
+            stalls += 1
             keep.append("  " + " ".join(s.split())[:240])
     return "\n".join(keep)
