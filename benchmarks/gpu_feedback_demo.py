@@ -1,6 +1,7 @@
 """On a GPU: does the judge catch broken kernels, name hung ranks, and give useful profiler and sanitizer text?
 
-Runs the faulty CUDA submissions in tests/submissions (each marked BUG) and the reference of p2p/ipc_pull_copy
+Runs the faulty CUDA kernels of tests/faulty_cuda.py (each a reference with one planted bug) and the reference of
+p2p/ipc_pull_copy
 through the judge, checks each verdict against what it should be, prints the agent's feedback for each, and
 writes a markdown report. Needs a GPU; `cuda-shared` works on one.
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import sys
 from pathlib import Path
 
 import torch
@@ -20,7 +22,10 @@ from commbench_env.judge.client import JudgeClient
 from commbench_env.judge.result import JudgeResult, Verdict
 from commbench_env.sandbox import open_sandbox
 
-SUBMISSIONS = Path(__file__).resolve().parent.parent / "tests" / "submissions"
+# the broken kernels live beside the tests that build them
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.faulty_cuda import FAULTS
+
 PROFILES = {"cuda": "local-gpu", "cuda-shared": "local-gpu-shared"}
 
 
@@ -44,15 +49,15 @@ def _expect_memcheck(res: JudgeResult) -> bool:
     return any(s.tool == "memcheck" and s.errors for s in res.sanitizer)
 
 
-# (what, task, submission file or None for the reference, mode, timeout, check)
+# (what, task, fault name or None for the reference, mode, timeout, check)
 CASES = [
     ("reference profile: kernel table + ncu", "p2p/ipc_pull_copy", None, "profile", 120, _expect_profile),
     ("reference sanitize: no findings", "p2p/ipc_pull_copy", None, "sanitize", 240, _expect_clean),
-    ("off-by-one peer index -> wrong answer", "p2p/ipc_pull_copy", "off_by_one_peer.cu", "check", 60, _expect_wrong),
-    ("64 bytes out of bounds -> memcheck errors", "p2p/ipc_pull_copy", "out_of_bounds.cu", "sanitize", 240,
+    ("off-by-one peer index -> wrong answer", "p2p/ipc_pull_copy", "off_by_one_peer", "check", 60, _expect_wrong),
+    ("64 bytes out of bounds -> memcheck errors", "p2p/ipc_pull_copy", "out_of_bounds", "sanitize", 240,
      _expect_memcheck),
-    ("rank 0 waits forever -> timeout naming rank 0", "p2p/ipc_pull_copy", "deadlock.cu", "check", 30, _expect_hang),
-    ("two-shot without its wait (race) -> wrong answer", "collective/allreduce_twoshot", "no_wait_race.cu", "full",
+    ("rank 0 waits forever -> timeout naming rank 0", "p2p/ipc_pull_copy", "deadlock", "check", 30, _expect_hang),
+    ("two-shot without its wait (race) -> wrong answer", "collective/allreduce_twoshot", "no_wait_race", "full",
      120, _expect_wrong),
 ]
 
@@ -70,7 +75,7 @@ def main() -> None:
         client = JudgeClient(sb)
         for what, task_id, sub, mode, timeout, check in CASES:
             task = load_task(task_id)
-            source = task.reference_source() if sub is None else (SUBMISSIONS / task_id / sub).read_text()
+            source = task.reference_source() if sub is None else FAULTS[sub].source()
             res = client.evaluate(task, {task.card.entry.file: source}, mode, a.world, device_mode=a.mode,
                                   timeout_s=timeout)
             ok = check(res)
