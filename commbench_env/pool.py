@@ -451,7 +451,7 @@ class SandboxPool:
             sb.start()
             judge = JudgeClient(sb)
             if prof.warm_server:
-                judge._ensure_server()  # the judge server (torch imported) starts now, not in the first step
+                judge.warm()  # the judge server (torch imported) starts now, not in the first step
             return Slot(id=next(self._ids), sandbox=sb, judge=judge, gpus=list(gl.ids), ports=list(pl.ports),
                         workdir=sb.workdir, _gpu_lease=gl, _port_lease=pl)
         except BaseException:
@@ -475,7 +475,7 @@ class SandboxPool:
             raise SandboxError(f"could not empty the work folder: {res.stderr[-300:]}")
         if slot.sandbox.profile.warm_server and res.stdout.strip().endswith("cold"):
             slot.judge = JudgeClient(slot.sandbox)
-            slot.judge._ensure_server()
+            slot.judge.warm()
 
     def _retire(self, slot: Slot, reason: str | None) -> None:
         with self._cond:

@@ -37,6 +37,10 @@ class JudgeClient:
         self.sandbox = sandbox
         self._server_socket: str | None = None
 
+    def warm(self) -> None:
+        """Start the sandbox's warm judge server now (torch imported once), not in the first evaluation."""
+        self._ensure_server()
+
     def _ensure_server(self) -> str | None:
         if not self.sandbox.profile.warm_server:
             return None
