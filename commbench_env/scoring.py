@@ -9,9 +9,7 @@ trainers should skip such samples rather than score them as the model's fault.
 
 from __future__ import annotations
 
-import queue
 import re
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -117,40 +115,34 @@ def score_with_retry(make_env, env: Env | None, sub: Submission, retries: int = 
 
 
 class LocalScorer:
-    """Judge submissions on this host, `parallel` at a time, each env (sandbox + warm judge) reused across calls.
+    """Judge submissions on this host, `parallel` at a time: each submission is a one-turn env borrowing a warm
+    sandbox from a SandboxPool, which reuses sandboxes across calls and replaces one that failed.
 
     `env_options` are CommBenchEnv keyword arguments (reward, reference, trace_dir, feedback_chars, ...).
     """
 
     def __init__(self, sandbox: str = "local-cpu", parallel: int = 2, retries: int = 1, **env_options: Any):
+        from .pool import SandboxPool
+
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
         self.sandbox = sandbox
         self.parallel = parallel
         self.retries = retries
         self.env_options = {k: v for k, v in env_options.items() if k != "max_turns"}
-        self._idle: queue.SimpleQueue = queue.SimpleQueue()
-        self._envs: list[Env] = []
-        self._lock = threading.Lock()
+        self._sandboxes = SandboxPool(sandbox, max_sandboxes=parallel)
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="commbench-score")
         self._closed = False
 
     def _make_env(self, sub: Submission) -> Env:
         from .env import CommBenchEnv
 
-        env = CommBenchEnv(task=sub.task_id, sandbox=self.sandbox, max_turns=1, **self.env_options)
-        with self._lock:
-            self._envs.append(env)
-        return env
+        return CommBenchEnv(task=sub.task_id, sandbox_pool=self._sandboxes, max_turns=1, **self.env_options)
 
     def _one(self, sub: Submission) -> Score:
-        try:
-            env = self._idle.get_nowait()
-        except queue.Empty:
-            env = None
-        score, env = score_with_retry(self._make_env, env, sub, self.retries)
+        score, env = score_with_retry(self._make_env, None, sub, self.retries)
         if env is not None:
-            self._idle.put(env)
+            env.close()  # gives the sandbox back to the pool
         return score
 
     def score(self, submissions: Sequence[Submission]) -> list[Score]:
@@ -163,10 +155,7 @@ class LocalScorer:
             return
         self._closed = True
         self._pool.shutdown(wait=True)
-        with self._lock:
-            envs, self._envs = self._envs, []
-        for env in envs:
-            env.close()
+        self._sandboxes.close()
 
     def __enter__(self) -> "LocalScorer":
         return self
