@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import isolate
-from .device import HIDDEN_WORK_NS, cudart_library, reset_persisting_l2, sleep_cycles
+from .device import HIDDEN_WORK_NS, L2_FLUSH_BYTES, cudart_library, reset_persisting_l2, sleep_cycles
 from .protocol import encode_tensors, recv_msg, send_msg
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
@@ -109,8 +109,8 @@ class DeviceHost:
             self.streams.append(torch.cuda.Stream(device=d))
         self.distinct = sorted(set(self.devices))
         torch.cuda.set_device(self.distinct[0])
-        self.peer_access = self._enable_peer_access()
         self.cudart = cudart_library()
+        self.peer_access = self._enable_peer_access()
         self.gate = HostGate(self.cudart)
         self.fallback_cycles = sleep_cycles(torch, self.distinct[0], 2e-3)
         self.library_path = library
@@ -127,10 +127,10 @@ class DeviceHost:
         torch.cuda.empty_cache()
 
     def _enable_peer_access(self) -> bool:
-        distinct = sorted(set(self.devices))
+        distinct = self.distinct
         if len(distinct) < 2:
             return True
-        rt = cudart_library()
+        rt = self.cudart
         if rt is None:
             raise RuntimeError("cannot find the CUDA runtime library to enable peer access")
         for a in distinct:
@@ -331,8 +331,8 @@ class DeviceHost:
                 for b, (sc, fl) in zip(bufs, scratch_ready):
                     b["scratch"], b["flags"] = sc, fl
             if msg.get("flush_l2"):
-                for d in set(self.devices):
-                    torch.empty(256 << 20, dtype=torch.uint8, device=f"cuda:{d}").zero_()
+                for d in self.distinct:
+                    torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=f"cuda:{d}").zero_()
             ns = self.call_all(self.args_for(case, bufs))
             self.send({"type": "iter", "it": it, "ns": ns})
             if it < warmup:
