@@ -32,13 +32,18 @@ def _split(flat: dict[str, Any], world: int) -> list[dict[str, Any]]:
 
 
 class DeviceHostEvaluation(Evaluation):
+    def host_spec(self, timeout_s: float) -> dict[str, Any]:
+        """What a device host is started with: the card without its cases (hidden shapes stay here)."""
+        spec = {"card": self.card.model_dump(mode="json"), "timeout_s": timeout_s, "landlock": self.req.landlock,
+                "device_mode": self.req.device_mode}
+        spec["card"]["cases"] = []
+        return spec
+
     def launch(self) -> None:
         from .device_host import device_host_main
 
         t0 = time.monotonic()
-        spec = {"card": self.card.model_dump(mode="json"), "timeout_s": self.timeout_s,
-                "landlock": self.req.landlock, "device_mode": self.req.device_mode}
-        spec["card"]["cases"] = []
+        spec = self.host_spec(self.timeout_s)
         mine, theirs = socket.socketpair()
         pid = os.fork()
         if pid == 0:
@@ -147,9 +152,7 @@ class DeviceHostEvaluation(Evaluation):
         case = min(self.card.visible_cases(), key=lambda c: self.op.metric_bytes(c, self.world))
         seeds = [self.seed("sanitize", case.name, r) for r in range(self.world)]
         specs, _ = self.out_specs(case, [self.op.make_inputs(case, r, self.world, seeds[r]) for r in range(self.world)])
-        spec = {"card": self.card.model_dump(mode="json"), "timeout_s": self.timeout_s, "landlock": self.req.landlock,
-                "device_mode": self.req.device_mode}
-        spec["card"]["cases"] = []
+        spec = self.host_spec(self.timeout_s)
         for tool in self.SANITIZER_TOOLS:
             left = self.deadline - time.monotonic()
             if left < 5:
@@ -220,9 +223,7 @@ class DeviceHostEvaluation(Evaluation):
         if left < 5:
             return SanitizerReport(tool="ncu", status="skipped", report="no time left in this evaluation")
         name = kernel_base_name(kernel)
-        spec = {"card": self.card.model_dump(mode="json"), "timeout_s": left, "landlock": self.req.landlock,
-                "device_mode": self.req.device_mode}
-        spec["card"]["cases"] = []
+        spec = self.host_spec(left)
         cmd = [exe, "--target-processes", "all", "--launch-count", "1", "-k", f"regex:^{re.escape(name)}$"]
         for sec in self.NCU_SECTIONS:
             cmd += ["--section", sec]
