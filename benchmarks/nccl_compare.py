@@ -5,6 +5,11 @@ build folder. For each of all_reduce, all_gather, reduce_scatter, alltoall and s
 binary (one process, all GPUs) and our judge on a submission that calls the matching torch.distributed op, then
 prints busbw side by side and the ratio; target: within +-5 % at sizes >= 64 MiB.
 
+Then, for reference quality, every task reference whose golden op is one of those five (and whose metric is a
+bandwidth) is judged in `cuda` mode at the card's sizes of 64 MiB and more: its busbw as a fraction of
+nccl-tests' out-of-place busbw at the same size, and its percentage of the judge's roofline (the NVLink
+bandwidth NVML or nvidia-smi reports, else a measured peer copy).
+
     python benchmarks/nccl_compare.py --nccl-tests-bin PATH/build [--sizes 67108864,268435456] [--out DIR]
 """
 
@@ -18,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from commbench_env.cards import Task, TaskCard
+from commbench_env.cards import Task, TaskCard, select_tasks
 from commbench_env.judge.client import JudgeClient
 from commbench_env.sandbox import open_sandbox
 
@@ -76,6 +81,35 @@ def nccl_tests(binary: Path, gpus: int, sizes: list[int], iters: int, warmup: in
     return res
 
 
+def reference_rows(client: JudgeClient, gpus: int, ops: list[str], nccl: dict[str, dict[int, tuple[float, float]]],
+                   min_size: int) -> list[tuple[str, ...]]:
+    """Each matching task reference's busbw against nccl-tests (out-of-place) at the card's sizes >= min_size."""
+    golden_to_op = {OPS[op][1]: op for op in ops}
+    rows = []
+    for task in select_tasks("all", device_mode="cuda"):
+        perf = task.card.performance
+        op = golden_to_op.get(task.card.semantics.op)
+        sizes = [s for s in perf.sizes_for("cuda") if s >= min_size and s in nccl.get(op, {})]
+        if op is None or perf.metric not in ("busbw", "algbw") or not sizes or gpus not in task.card.world.sizes:
+            continue
+        res = client.evaluate(task, {task.card.entry.file: task.reference_source()}, "benchmark", gpus,
+                              device_mode="cuda")
+        if res.verdict.value != "pass":
+            rows.append((task.card.id, "-", "-", "-", "-", "-", f"judge: {res.verdict.value}: {res.summary[:80]}"))
+            continue
+        for s in res.benchmark:
+            if s.size_bytes not in sizes:
+                continue
+            theirs = nccl[op][s.size_bytes][0]
+            roof = f"{s.roofline_pct:.0f}% of {res.roofline.gbps:.0f} GB/s ({res.roofline.name})" \
+                if res.roofline and s.roofline_pct is not None else "-"
+            rows.append((task.card.id, f"{s.size_bytes >> 20} MiB", f"{s.busbw_gbps:.1f}", f"{theirs:.1f}",
+                         f"{s.busbw_gbps / theirs:.2f}" if theirs else "-", roof, task.card.language.value))
+            print(f"{task.card.id:<40} {s.size_bytes >> 20:>5} MiB  reference {s.busbw_gbps:8.1f}  nccl-tests "
+                  f"{theirs:8.1f}  {roof}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nccl-tests-bin", required=True)
@@ -84,15 +118,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--no-references", action="store_true", help="skip judging the task references")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
     gpus = torch.cuda.device_count()
-    rows = []
+    rows, ref_rows, nccl = [], [], {}
     with open_sandbox("local-gpu") as sb:
         client = JudgeClient(sb)
         for op in a.ops.split(","):
             binary, _, fn, body, in_place = OPS[op]
-            ref = nccl_tests(Path(a.nccl_tests_bin) / binary, gpus, sizes, a.iters, a.warmup)
+            ref = nccl[op] = nccl_tests(Path(a.nccl_tests_bin) / binary, gpus, sizes, a.iters, a.warmup)
             task = calibration_task(op, sizes, a.iters, a.warmup)
             src = "import torch\nimport torch.distributed as dist\n\n\n" + body
             res = client.evaluate(task, {"solution.py": src}, "benchmark", gpus, device_mode="cuda", timeout_s=600)
@@ -107,14 +142,21 @@ def main() -> None:
                              "in-place" if in_place else "out-of-place"))
                 print(f"{op:<15} {s.size_bytes >> 20:>6} MiB  nccl-tests {theirs:8.1f}  judge {s.busbw_gbps:8.1f}  "
                       f"ratio {ratio:.3f}", flush=True)
+        if not a.no_references:
+            ref_rows = reference_rows(client, gpus, a.ops.split(","), nccl, 64 << 20)
         client.close()
     head = ["op", "size", "nccl-tests busbw GB/s", "judge busbw GB/s", "judge / nccl-tests", "note"]
     md = [f"# Judge vs nccl-tests, {gpus} x {torch.cuda.get_device_name(0)}",
           f"- {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; nccl-tests -g {gpus} -n {a.iters} -w {a.warmup}; "
-          f"judge: mean over {a.iters} timed calls after {a.warmup} warm-up, max over ranks, device-wide sync per call",
-          "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+          f"judge: mean over {a.iters} timed calls after {a.warmup} warm-up, max over ranks, each call timed from "
+          "a device-side start line after the judge's warm-up", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
+    if ref_rows:
+        head = ["task reference", "size", "reference busbw GB/s", "nccl-tests busbw GB/s (out-of-place)",
+                "fraction of NCCL", "of roofline", "language"]
+        md += ["", "## Reference quality", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        md += ["| " + " | ".join(r) + " |" for r in ref_rows]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"nccl_compare-{dt.date.today().isoformat()}-{gpus}gpu.md").write_text("\n".join(md) + "\n")

@@ -124,7 +124,8 @@ DEFAULT_TOLERANCE: dict[str, Tolerance] = {
 
 
 class PerformanceSpec(StrictModel):
-    """How `benchmark` measures: sizes are the nccl-tests 'size' in bytes of the op."""
+    """How `benchmark` measures: sizes are the nccl-tests 'size' in bytes of the op. On a GPU every timed call
+    starts from a cold L2 (the judge's warm-up before each start line streams far more than the L2 holds)."""
 
     metric: Literal["busbw", "algbw", "latency", "tflops"] = "busbw"
     sizes: list[int] = Field(min_length=1)
@@ -132,7 +133,6 @@ class PerformanceSpec(StrictModel):
     warmup: int = Field(default=2, ge=0)
     iters: int = Field(default=5, ge=1)
     gpu_sizes: list[int] | None = Field(default=None, description="sizes used in the cuda device modes (default: sizes)")
-    flush_l2: bool = Field(default=False, description="GPU: evict the L2 cache before every timed iteration")
 
     def sizes_for(self, device_mode: str) -> list[int]:
         return self.gpu_sizes if device_mode != "cpu" and self.gpu_sizes else self.sizes

@@ -331,7 +331,7 @@ class Evaluation:
         full = type(self.op).verify is not GoldenOp.verify
         for rp in self.ranks:
             self.send(rp, {"cmd": "bench", "case": case.model_dump(mode="json"), "seeds": seeds[rp.rank],
-                           "warmup": perf.warmup, "full_outputs": full, "flush_l2": perf.flush_l2})
+                           "warmup": perf.warmup, "full_outputs": full})
         times = [[0.0] * perf.iters for _ in range(self.world)]
         samples: list[tuple[int, int, dict]] = []
         for it in range(n_iter):

@@ -104,7 +104,7 @@ class DeviceHostEvaluation(Evaluation):
         seeds = [[self.seed("bench", size, it, r) for it in range(n_iter)] for r in range(self.world)]
         specs, _ = self.out_specs(case, [self.op.make_inputs(case, r, self.world, seeds[r][0]) for r in range(self.world)])
         self.send(self.ranks[0], {"cmd": "bench", "case": case.model_dump(mode="json"), "seeds": seeds,
-                                  "warmup": perf.warmup, "out_specs": specs, "flush_l2": perf.flush_l2})
+                                  "warmup": perf.warmup, "out_specs": specs})
         times = [[0.0] * perf.iters for _ in range(self.world)]
         samples: list[tuple[int, int, dict]] = []
         for it in range(n_iter):

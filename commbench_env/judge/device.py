@@ -1,12 +1,15 @@
 """Where a rank's tensors live and how one call is timed: CPU (gloo) or a GPU (NCCL, or gloo in cuda-shared).
 
-Timing on a GPU, as nvbench and nccl-tests do it: the ranks are first aligned on the device (a one-word NCCL
-all-reduce in `cuda` mode), then a short GPU sleep is queued so the candidate's launches are already waiting when
-the start event fires (host latency before the first kernel is not counted unless the GPU runs dry). The stop is
-an event queued on the harness's stream right after the call; if the device still has work after that event
-(something hidden on a side stream or a background thread), the clock runs on to a device-wide synchronisation,
-so hidden work still counts. The zygote and the coordinator never touch CUDA; only forked ranks do (CUDA cannot
-be used across fork).
+Timing on a GPU: the ranks are first aligned on the device (a one-word NCCL all-reduce in `cuda` mode), then a
+few milliseconds of memory-bound warm-up work are queued, so that the candidate's launches are already waiting
+when the start event fires (host latency before the first kernel is not counted unless the GPU runs dry) and the
+GPU is as busy as in a back-to-back loop. Measured on H200s (FACTS.md): one call timed after 20 ms of idle took
+2.2x (device copy) to 2.7x (NCCL all-reduce) as long as the same call inside a back-to-back loop, and the same
+call timed right after a busy kernel matched the loop within 1 %. The warm-up streams far more than the L2 holds,
+so every GPU timing starts from a cold L2. The stop is an event queued on the harness's stream right after the
+call; if the device still has work after that event (something hidden on a side stream or a background thread),
+the clock runs on to a device-wide synchronisation, so hidden work still counts. The zygote and the coordinator
+never touch CUDA; only forked ranks do (CUDA cannot be used across fork).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from typing import Any, Callable
 
 L2_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (H200: 50 MiB)
-LAUNCH_SLACK_S = 200e-6  # GPU sleep before the start event: room for the host to queue the candidate's launches
+WARM_UP_PASSES = 24  # read-modify-write passes over L2_FLUSH_BYTES before a start line: about 3 ms on an H200
 HIDDEN_WORK_NS = 50_000  # a device sync after the stop event that waits longer than this means hidden work
 
 
@@ -24,6 +27,21 @@ def sleep_cycles(torch: Any, device: Any, seconds: float) -> int:
     """Clock cycles for torch.cuda._sleep to spin about `seconds` on this device."""
     khz = getattr(torch.cuda.get_device_properties(device), "clock_rate", 0) or 2_000_000
     return max(1000, int(seconds * khz * 1e3))
+
+
+class WarmUp:
+    """Memory-bound work queued right before a start line: keeps the GPU out of the slower state it drops into
+    when idle between timed calls, and gives the host time to queue the candidate's launches behind it.
+
+    Its buffer and the in-place add are taken when the harness starts, before any candidate code exists."""
+
+    def __init__(self, torch: Any, device: Any):
+        self.buffer = torch.zeros(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
+        self._add = torch.Tensor.add_
+
+    def __call__(self) -> None:
+        for _ in range(WARM_UP_PASSES):
+            self._add(self.buffer, 1)
 
 
 def reset_persisting_l2(cudart: Any) -> None:
@@ -62,7 +80,6 @@ class RankDevice:
         self.torch = torch
         self.mode = mode
         self.rank = rank
-        self._flush: Any = None
         if mode == "cpu":
             self.device = torch.device("cpu")
             self.backend = "gloo"
@@ -82,12 +99,12 @@ class RankDevice:
         torch.cuda.set_device(index)
         self.device = torch.device("cuda", index)
         self._one = torch.zeros(1, device=self.device)  # stays 0 however often it is summed
-        self._slack = sleep_cycles(torch, self.device, LAUNCH_SLACK_S)
+        self._warm_up = WarmUp(torch, self.device)
         self._cudart = cudart_library()
         # bound now, before any candidate code exists, so that patching torch later cannot fool the clock
         ev = torch.cuda.Event
         self._event, self._record, self._ev_sync, self._elapsed = ev, ev.record, ev.synchronize, ev.elapsed_time
-        self._sync, self._sleep = torch.cuda.synchronize, torch.cuda._sleep
+        self._sync = torch.cuda.synchronize
         self._group_all_reduce: Any = None
 
     def bind_group(self, group: Any) -> None:
@@ -109,27 +126,19 @@ class RankDevice:
         if self.is_cuda:
             self.torch.cuda.synchronize(self.device)
 
-    def flush_l2(self) -> None:
-        """Evict the L2 cache between timed iterations (cards that ask for cold-cache timing)."""
-        if self.is_cuda:
-            if self._flush is None:
-                self._flush = self.torch.empty(L2_FLUSH_BYTES, dtype=self.torch.uint8, device=self.device)
-            self._flush.zero_()
-            self.synchronize()
-
     def align(self) -> None:
         """Queue a device-side start line before a timed call (harness code: run it with the guard off).
 
         In `cuda` mode a one-word all-reduce on the default group holds every rank's stream until the last rank
-        arrives, so the start events of all ranks fire together (a host barrier leaves hundreds of microseconds
-        of skew); then a short sleep lets the host queue the candidate's launches before the clock starts."""
+        arrives (a host barrier leaves hundreds of microseconds of skew); then every rank runs the same warm-up,
+        so the start events of all ranks fire together on a busy GPU with the candidate's launches queued."""
         if not self.is_cuda:
             return
         self._sync(self.device)  # inputs staged, previous call finished
         reset_persisting_l2(self._cudart)
         if self._group_all_reduce is not None:
             self._group_all_reduce([self._one]).wait()  # the stream waits for it; the host does not
-        self._sleep(self._slack)
+        self._warm_up()
 
     def timed(self, fn: Callable[[], Any], clock: Callable[[], int]) -> tuple[Any, int]:
         """Run fn once; returns (its result, elapsed ns) measured on this device (see the module docstring)."""

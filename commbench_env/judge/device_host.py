@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import isolate
-from .device import HIDDEN_WORK_NS, L2_FLUSH_BYTES, cudart_library, reset_persisting_l2, sleep_cycles
+from .device import HIDDEN_WORK_NS, WarmUp, cudart_library, reset_persisting_l2, sleep_cycles
 from .protocol import encode_tensors, recv_msg, send_msg
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
@@ -112,6 +112,12 @@ class DeviceHost:
         self.cudart = cudart_library()
         self.peer_access = self._enable_peer_access()
         self.gate = HostGate(self.cudart)
+        # one harness stream per GPU holds the gate and runs the warm-up; the ranks' streams wait for it
+        self.warm_streams, self.warm_ups = {}, {}
+        for d in self.distinct:
+            with torch.cuda.device(d):
+                self.warm_streams[d] = torch.cuda.Stream(device=d)
+                self.warm_ups[d] = WarmUp(torch, torch.device("cuda", d))
         self.fallback_cycles = sleep_cycles(torch, self.distinct[0], 2e-3)
         self.library_path = library
         self.epoch = 0
@@ -212,14 +218,16 @@ class DeviceHost:
         return out
 
     # -- one call of every rank, concurrently ------------------------------------------------------------
-    def call_all(self, args: list[CbArgs]) -> list[int]:
+    def call_all(self, args: list[CbArgs], warm: bool = True) -> list[int]:
         """Returns per-rank ns on the GPU timeline. Raises HungRanks naming the ranks that did not finish.
 
-        Every rank's stream waits on the host gate; the host threads queue start event, candidate call and done
-        event behind it, and the gate opens once all of them have returned. So all ranks start together on the
-        device and no host latency is timed. The previous round is fully finished first (the calling convention
-        promises it), and if any device still has work once every done event has fired (work hidden on a side
-        stream), the clock runs on to a device-wide synchronisation."""
+        Each GPU's harness stream waits on the host gate, then runs the warm-up (see `device.WarmUp`); every
+        rank's stream waits for its GPU's warm-up, and the host threads queue start event, candidate call and done
+        event behind that. The gate opens once all threads have returned, so all ranks start together on a busy
+        device and no host latency is timed (`warm=False` leaves the warm-up out, for the profiler's table). The
+        previous round is fully finished first (the calling convention promises it), and if any device still has
+        work once every done event has fired (work hidden on a side stream), the clock runs on to a device-wide
+        synchronisation."""
         torch = self.torch
         self.epoch += 1
         for a in args:
@@ -235,14 +243,22 @@ class DeviceHost:
         errors: list[str | None] = [None] * world
         ticket = self.gate.arm()
         deadline = min(time.monotonic() + self.call_limit_s, self.t_end)
+        ready = {}
+        for d in self.distinct:
+            ws = self.warm_streams[d]
+            with torch.cuda.device(d), torch.cuda.stream(ws):
+                if not self.gate.hold(ws.cuda_stream, ticket):
+                    self._sleep(self.fallback_cycles)  # no stream memory operations: a GPU sleep instead
+                if warm:
+                    self.warm_ups[d]()
+                ready[d] = self._event()
+                ready[d].record(ws)
 
         def run(r: int) -> None:
             try:
                 torch.cuda.set_device(self.devices[r])
                 s = self.streams[r]
-                if not self.gate.hold(s.cuda_stream, ticket):
-                    with torch.cuda.stream(s):  # no stream memory operations: a GPU sleep instead
-                        self._sleep(self.fallback_cycles)
+                s.wait_event(ready[self.devices[r]])
                 starts[r].record(s)
                 rcs[r] = self.fn(ctypes.byref(args[r]), ctypes.c_void_p(s.cuda_stream))
                 dones[r].record(s)
@@ -330,9 +346,6 @@ class DeviceHost:
             else:
                 for b, (sc, fl) in zip(bufs, scratch_ready):
                     b["scratch"], b["flags"] = sc, fl
-            if msg.get("flush_l2"):
-                for d in self.distinct:
-                    torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=f"cuda:{d}").zero_()
             ns = self.call_all(self.args_for(case, bufs))
             self.send({"type": "iter", "it": it, "ns": ns})
             if it < warmup:
@@ -360,7 +373,7 @@ class DeviceHost:
         self.scratch_for(bufs)
         self.call_all(self.args_for(case, bufs))
         with tp.profile(activities=[tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA]) as prof:
-            ns = self.call_all(self.args_for(case, bufs))
+            ns = self.call_all(self.args_for(case, bufs), warm=False)
         rows = []
         for e in prof.key_averages():
             t = float(getattr(e, "self_device_time_total", 0.0))

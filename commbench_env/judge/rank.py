@@ -166,11 +166,8 @@ class RankHarness:
         case = self._case(msg["case"])
         warmup = int(msg["warmup"])
         full = bool(msg.get("full_outputs"))
-        flush = bool(msg.get("flush_l2"))
         for it, seed in enumerate(msg["seeds"]):
             inputs = self._inputs(case, seed)
-            if flush:
-                self.dev.flush_l2()
             self.barrier()
             out, ns, _ = self._invoke(case, inputs)
             if it < warmup:
