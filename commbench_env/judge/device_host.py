@@ -221,10 +221,12 @@ class DeviceHost:
     def call_all(self, args: list[CbArgs], warm: bool = True) -> list[int]:
         """Returns per-rank ns on the GPU timeline. Raises HungRanks naming the ranks that did not finish.
 
-        Each GPU's harness stream waits on the host gate, then runs the warm-up (see `device.WarmUp`); every
-        rank's stream waits for its GPU's warm-up, and the host threads queue start event, candidate call and done
-        event behind that. The gate opens once all threads have returned, so all ranks start together on a busy
-        device and no host latency is timed (`warm=False` leaves the warm-up out, for the profiler's table). The
+        Each GPU's harness stream runs the warm-up (see `device.WarmUp`), then waits on the host gate; every
+        rank's stream waits for that, and the host threads queue start event, candidate call and done event
+        behind it. The gate opens once all threads have returned (well within the warm-up), so all ranks start
+        together on a busy device and no host latency is timed (`warm=False` leaves the warm-up out, for the
+        profiler's table). The warm-up is queued before the gate on purpose: a torch kernel launched behind a
+        closed gate can block its host thread (its module loads lazily), and the gate would never open. The
         previous round is fully finished first (the calling convention promises it), and if any device still has
         work once every done event has fired (work hidden on a side stream), the clock runs on to a device-wide
         synchronisation."""
@@ -247,10 +249,10 @@ class DeviceHost:
         for d in self.distinct:
             ws = self.warm_streams[d]
             with torch.cuda.device(d), torch.cuda.stream(ws):
-                if not self.gate.hold(ws.cuda_stream, ticket):
-                    self._sleep(self.fallback_cycles)  # no stream memory operations: a GPU sleep instead
                 if warm:
                     self.warm_ups[d]()
+                if not self.gate.hold(ws.cuda_stream, ticket):
+                    self._sleep(self.fallback_cycles)  # no stream memory operations: a GPU sleep instead
                 ready[d] = self._event()
                 ready[d].record(ws)
 

@@ -162,34 +162,61 @@ class RankHarness:
                    "violations": self.guard.violations}, blob)
 
     def run_bench(self, msg: dict[str, Any]) -> None:
-        torch = self.torch
+        """Warm-up and timed calls, each on fresh inputs; then samples of every timed call's outputs.
+
+        On a GPU the calls run back-to-back after one start line, as nccl-tests times them: every iteration's
+        inputs are staged first, and nothing the host does between calls leaves the GPU idle (a call timed
+        after the GPU idled read up to 2.7x slow). So each call's outputs must be its own: a buffer that a later
+        call overwrites fails verification. On the CPU each call follows a host barrier and is sampled at once."""
         case = self._case(msg["case"])
-        warmup = int(msg["warmup"])
-        full = bool(msg.get("full_outputs"))
+        warmup, full = int(msg["warmup"]), bool(msg.get("full_outputs"))
+        if self.dev.is_cuda:
+            staged = [self._inputs(case, seed) for seed in msg["seeds"]]
+            self.barrier()
+            self.dev.align()
+            self.guard.active = True
+            try:
+                outs, spans = self.dev.timed_calls(
+                    [lambda x=x: self.op.call(self.fns, x, case, self.rank, self.world) for x in staged], self.clock)
+            except PermissionError as exc:
+                self.guard.record("sandbox", f"access denied by the sandbox: {exc}")
+                raise
+            finally:
+                self.guard.active = False
+            del staged
+            for it, (out, ns) in enumerate(zip(outs, spans)):
+                self.send({"type": "iter", "it": it, "ns": ns})
+                if it >= warmup:
+                    self.send_samples(it, out, full)
+                outs[it] = None
+            return
         for it, seed in enumerate(msg["seeds"]):
             inputs = self._inputs(case, seed)
             self.barrier()
             out, ns, _ = self._invoke(case, inputs)
-            if it < warmup:
-                self.send({"type": "iter", "it": it, "ns": ns})
-                continue
             self.send({"type": "iter", "it": it, "ns": ns})
-            ask, _ = recv_msg(self.sock)  # sample positions are chosen only after the output exists
-            if full:
-                meta, blob = encode_tensors(out)
-            else:
-                g = torch.Generator().manual_seed(int(ask["sample_seed"]))
-                sampled = {}
-                for name, t in sorted(out.items()):
-                    flat = t.detach().reshape(-1)
-                    if flat.numel() == 0:
-                        sampled[name] = flat
-                        continue
-                    idx = torch.randint(0, flat.numel(), (min(SAMPLES_PER_OUTPUT, flat.numel()),), generator=g)
-                    sampled[name] = flat[idx].clone()
-                    sampled[name + "#numel"] = torch.tensor([flat.numel()])
-                meta, blob = encode_tensors(sampled)
-            self.send({"type": "samples", "it": it, "outputs": meta, "violations": self.guard.violations}, blob)
+            if it >= warmup:
+                self.send_samples(it, out, full)
+
+    def send_samples(self, it: int, out: dict[str, Any], full: bool) -> None:
+        """The outputs of timed call `it`, or samples of them at positions drawn only after they exist."""
+        torch = self.torch
+        ask, _ = recv_msg(self.sock)
+        if full:
+            meta, blob = encode_tensors(out)
+        else:
+            g = torch.Generator().manual_seed(int(ask["sample_seed"]))
+            sampled = {}
+            for name, t in sorted(out.items()):
+                flat = t.detach().reshape(-1)
+                if flat.numel() == 0:
+                    sampled[name] = flat
+                    continue
+                idx = torch.randint(0, flat.numel(), (min(SAMPLES_PER_OUTPUT, flat.numel()),), generator=g)
+                sampled[name] = flat[idx].clone()
+                sampled[name + "#numel"] = torch.tensor([flat.numel()])
+            meta, blob = encode_tensors(sampled)
+        self.send({"type": "samples", "it": it, "outputs": meta, "violations": self.guard.violations}, blob)
 
     def run_profile(self, msg: dict[str, Any]) -> None:
         import torch.profiler as tp
