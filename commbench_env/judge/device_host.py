@@ -223,8 +223,9 @@ class DeviceHost:
 
         Each GPU's harness stream runs the warm-up (see `device.WarmUp`), then waits on the host gate; every
         rank's stream waits for that, and the host threads queue start event, candidate call and done event
-        behind it. The gate opens once all threads have returned (well within the warm-up), so all ranks start
-        together on a busy device and no host latency is timed (`warm=False` leaves the warm-up out, for the
+        behind it. The gate opens once all threads have returned and every GPU's warm-up has finished (a rank
+        that started early would read a peer's memory while that peer still warms up), so all ranks start
+        together on busy devices and no host latency is timed (`warm=False` leaves the warm-up out, for the
         profiler's table). The warm-up is queued before the gate on purpose: a torch kernel launched behind a
         closed gate can block its host thread (its module loads lazily), and the gate would never open. The
         previous round is fully finished first (the calling convention promises it), and if any device still has
@@ -245,12 +246,14 @@ class DeviceHost:
         errors: list[str | None] = [None] * world
         ticket = self.gate.arm()
         deadline = min(time.monotonic() + self.call_limit_s, self.t_end)
-        ready = {}
+        ready, warmed = {}, []
         for d in self.distinct:
             ws = self.warm_streams[d]
             with torch.cuda.device(d), torch.cuda.stream(ws):
                 if warm:
                     self.warm_ups[d]()
+                    warmed.append(self._event())
+                    warmed[-1].record(ws)
                 if not self.gate.hold(ws.cuda_stream, ticket):
                     self._sleep(self.fallback_cycles)  # no stream memory operations: a GPU sleep instead
                 ready[d] = self._event()
@@ -273,6 +276,8 @@ class DeviceHost:
         hold_until = min(deadline, time.monotonic() + GATE_HOLD_S)
         for t in threads:
             t.join(timeout=max(0.0, hold_until - time.monotonic()))
+        while not all(e.query() for e in warmed) and time.monotonic() < hold_until:
+            pass  # open the gate when every GPU has warmed up: no rank starts beside a peer's warm-up traffic
         self.gate.release(ticket)  # all launches queued (or a host thread is blocked: go anyway)
         for t in threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
