@@ -17,6 +17,11 @@ from commbench_env.reward import compute_reward
 from commbench_env.sandbox import open_sandbox
 
 
+def _times(res) -> str:
+    """Mean time per call at each benchmark size, to show which sizes move."""
+    return ", ".join(f"{s.size_bytes / 2**20:g} MiB {s.time_us:.0f} us" for s in res.benchmark)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="collective/allreduce_ring")
@@ -32,14 +37,15 @@ def main() -> None:
         ref = client.evaluate(task, files, "benchmark", world)
         if ref.verdict.value != "pass":
             raise SystemExit(f"the reference failed: {ref.summary}")
+        print(f"reference figures: {_times(ref)}", flush=True)
         rewards, speedups = [], []
         for i in range(a.runs):
             res = client.evaluate(task, files, "full", world)
             parts = compute_reward(res, ref.benchmark)
             rewards.append(parts.reward)
             speedups.append(parts.speedup or 0.0)
-            print(f"run {i + 1:>2}: verdict {res.verdict.value}, speedup {parts.speedup or 0:.3f}, reward {parts.reward:.4f}",
-                  flush=True)
+            print(f"run {i + 1:>2}: verdict {res.verdict.value}, speedup {parts.speedup or 0:.3f}, reward {parts.reward:.4f}; "
+                  f"{_times(res)}", flush=True)
         client.close()
     print(f"\n{a.task} on {a.sandbox} (world {world}), {a.runs} runs: reward mean {statistics.mean(rewards):.4f}, "
           f"std {statistics.pstdev(rewards):.4f} (target <= 0.02); speedup mean {statistics.mean(speedups):.3f}, "
