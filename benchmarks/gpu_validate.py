@@ -16,6 +16,7 @@ import argparse
 import datetime as dt
 import platform
 import shutil
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -44,6 +45,7 @@ def machine_header() -> list[str]:
                              text=True, check=False).stdout.split("\n")[0]
         lines.append(f"- driver {drv}")
         topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, check=False).stdout.strip()
+        topo = re.sub(r"\x1b\[[0-9;]*m", "", topo)  # nvidia-smi underlines the header with terminal codes
         lines += ["- topology (`nvidia-smi topo -m`):", "", "```", topo, "```"]
     return lines
 

@@ -20,6 +20,7 @@ import datetime as dt
 import re
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -82,10 +83,10 @@ def nccl_tests(binary: Path, gpus: int, sizes: list[int], iters: int, warmup: in
 
 
 def reference_rows(client: JudgeClient, gpus: int, ops: list[str], nccl: dict[str, dict[int, tuple[float, float]]],
-                   min_size: int) -> list[tuple[str, ...]]:
-    """Each matching task reference's busbw against nccl-tests (out-of-place) at the card's sizes >= min_size."""
+                   min_size: int, rows: list[tuple[str, ...]], written: Callable[[], None]) -> None:
+    """Each matching task reference's busbw against nccl-tests (out-of-place) at the card's sizes >= min_size,
+    appended to `rows`; `written` is called after each task so that a cut run keeps what it measured."""
     golden_to_op = {OPS[op][1]: op for op in ops}
-    rows = []
     for task in select_tasks("all", device_mode="cuda"):
         perf = task.card.performance
         op = golden_to_op.get(task.card.semantics.op)
@@ -96,6 +97,7 @@ def reference_rows(client: JudgeClient, gpus: int, ops: list[str], nccl: dict[st
                               device_mode="cuda")
         if res.verdict.value != "pass":
             rows.append((task.card.id, "-", "-", "-", "-", "-", f"judge: {res.verdict.value}: {res.summary[:80]}"))
+            written()
             continue
         for s in res.benchmark:
             if s.size_bytes not in sizes:
@@ -107,7 +109,7 @@ def reference_rows(client: JudgeClient, gpus: int, ops: list[str], nccl: dict[st
                          f"{s.busbw_gbps / theirs:.2f}" if theirs else "-", roof, task.card.language.value))
             print(f"{task.card.id:<40} {s.size_bytes >> 20:>5} MiB  reference {s.busbw_gbps:8.1f}  nccl-tests "
                   f"{theirs:8.1f}  {roof}", flush=True)
-    return rows
+        written()
 
 
 def main() -> None:
@@ -122,7 +124,15 @@ def main() -> None:
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
     gpus = torch.cuda.device_count()
-    rows, ref_rows, nccl = [], [], {}
+    rows: list[tuple[str, ...]] = []
+    ref_rows: list[tuple[str, ...]] = []
+    nccl: dict[str, dict[int, tuple[float, float]]] = {}
+    path = Path(a.out) / f"nccl_compare-{dt.date.today().isoformat()}-{gpus}gpu.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def written() -> None:  # after every row: a run cut by a time limit keeps what it measured
+        path.write_text(report(rows, ref_rows, gpus, a.iters, a.warmup))
+
     with open_sandbox("local-gpu") as sb:
         client = JudgeClient(sb)
         for op in a.ops.split(","):
@@ -133,6 +143,7 @@ def main() -> None:
             res = client.evaluate(task, {"solution.py": src}, "benchmark", gpus, device_mode="cuda", timeout_s=600)
             if res.verdict.value != "pass":
                 rows.append((op, "-", "-", "-", "-", f"judge: {res.verdict.value}: {res.summary[:80]}"))
+                written()
                 continue
             for s in res.benchmark:
                 oop, ip = ref.get(s.size_bytes, (0.0, 0.0))
@@ -142,25 +153,28 @@ def main() -> None:
                              "in-place" if in_place else "out-of-place"))
                 print(f"{op:<15} {s.size_bytes >> 20:>6} MiB  nccl-tests {theirs:8.1f}  judge {s.busbw_gbps:8.1f}  "
                       f"ratio {ratio:.3f}", flush=True)
+            written()
         if not a.no_references:
-            ref_rows = reference_rows(client, gpus, a.ops.split(","), nccl, 64 << 20)
+            reference_rows(client, gpus, a.ops.split(","), nccl, 64 << 20, ref_rows, written)
         client.close()
+    print(path.read_text())
+    print(f"written {path}")
+
+
+def report(rows: list[tuple[str, ...]], ref_rows: list[tuple[str, ...]], gpus: int, iters: int, warmup: int) -> str:
     head = ["op", "size", "nccl-tests busbw GB/s", "judge busbw GB/s", "judge / nccl-tests", "note"]
     md = [f"# Judge vs nccl-tests, {gpus} x {torch.cuda.get_device_name(0)}",
           f"- {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; nccl-tests -g {gpus} -n {a.iters} -w {a.warmup}; "
-          f"judge: mean over {a.iters} timed calls after {a.warmup} warm-up, max over ranks, each call timed from "
-          "a device-side start line after the judge's warm-up", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+          f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; nccl-tests -g {gpus} -n {iters} -w {warmup}; "
+          f"judge: {warmup} warm-up and {iters} timed calls back-to-back after the judge's start line and warm-up, "
+          "mean over calls, max over ranks", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
     if ref_rows:
         head = ["task reference", "size", "reference busbw GB/s", "nccl-tests busbw GB/s (out-of-place)",
                 "fraction of NCCL", "of roofline", "language"]
         md += ["", "## Reference quality", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         md += ["| " + " | ".join(r) + " |" for r in ref_rows]
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"nccl_compare-{dt.date.today().isoformat()}-{gpus}gpu.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    return "\n".join(md) + "\n"
 
 
 if __name__ == "__main__":
