@@ -27,15 +27,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from commbench_env.judge.device import WarmUp
+from commbench_env.judge.device import WarmUp, sleep_cycles
 
 SLACK_S = 200e-6
 VARIANTS = ("back-to-back", "per call, idle", "per call, not idle", "per call, idle, judge warm-up first")
-
-
-def _cycles(seconds: float) -> int:
-    khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_980_000
-    return int(seconds * khz * 1e3)
 
 
 def _time_variant(variant: str, op, warm_up: WarmUp, calls: int, idle_s: float, align) -> float:
@@ -44,7 +39,7 @@ def _time_variant(variant: str, op, warm_up: WarmUp, calls: int, idle_s: float, 
     if variant == "back-to-back":
         torch.cuda.synchronize()
         align()
-        torch.cuda._sleep(_cycles(SLACK_S))
+        torch.cuda._sleep(sleep_cycles(torch, torch.cuda.current_device(), SLACK_S))
         start, stop = ev(enable_timing=True), ev(enable_timing=True)
         start.record()
         for _ in range(calls):
@@ -61,7 +56,7 @@ def _time_variant(variant: str, op, warm_up: WarmUp, calls: int, idle_s: float, 
         if "warm-up" in variant:
             warm_up()
         else:
-            torch.cuda._sleep(_cycles(SLACK_S))
+            torch.cuda._sleep(sleep_cycles(torch, torch.cuda.current_device(), SLACK_S))
         start, stop = ev(enable_timing=True), ev(enable_timing=True)
         start.record()
         op()

@@ -142,11 +142,6 @@ class RankDevice:
             self._group_all_reduce([self._one]).wait()  # the stream waits for it; the host does not
         self._warm_up()
 
-    def timed(self, fn: Callable[[], Any], clock: Callable[[], int]) -> tuple[Any, int]:
-        """Run fn once; returns (its result, elapsed ns) measured on this device (see the module docstring)."""
-        outs, ns = self.timed_calls([fn], clock)
-        return outs[0], ns[0]
-
     def timed_calls(self, fns: list[Callable[[], Any]], clock: Callable[[], int]) -> tuple[list[Any], list[int]]:
         """Run the calls back-to-back; returns their results and the ns each took.
 

@@ -136,15 +136,20 @@ class RankHarness:
         cand_inputs = self.op.candidate_inputs(inputs)
         if align:  # harness work, before the guard is on
             self.dev.align()
+        outs, spans = self._timed_calls(case, [inputs])
+        return outs[0], spans[0], cand_inputs
+
+    def _timed_calls(self, case, staged: list) -> tuple[list, list[int]]:
+        """Call the candidate on each input set in turn, back-to-back, with the guard on (RankDevice.timed_calls)."""
         self.guard.active = True
         try:
-            out, ns = self.dev.timed(lambda: self.op.call(self.fns, inputs, case, self.rank, self.world), self.clock)
+            return self.dev.timed_calls(
+                [lambda x=x: self.op.call(self.fns, x, case, self.rank, self.world) for x in staged], self.clock)
         except PermissionError as exc:  # the file-system sandbox refused the candidate something
             self.guard.record("sandbox", f"access denied by the sandbox: {exc}")
             raise
         finally:
             self.guard.active = False
-        return out, ns, cand_inputs
 
     def _inputs(self, case, seed: int):
         """This rank's inputs, made on the CPU from its private seed, then moved to the rank's device."""
@@ -174,15 +179,7 @@ class RankHarness:
             staged = [self._inputs(case, seed) for seed in msg["seeds"]]
             self.barrier()
             self.dev.align()
-            self.guard.active = True
-            try:
-                outs, spans = self.dev.timed_calls(
-                    [lambda x=x: self.op.call(self.fns, x, case, self.rank, self.world) for x in staged], self.clock)
-            except PermissionError as exc:
-                self.guard.record("sandbox", f"access denied by the sandbox: {exc}")
-                raise
-            finally:
-                self.guard.active = False
+            outs, spans = self._timed_calls(case, staged)
             del staged
             for it, (out, ns) in enumerate(zip(outs, spans)):
                 self.send({"type": "iter", "it": it, "ns": ns})
