@@ -83,7 +83,7 @@ def test_fake_print_is_only_feedback(evaluate):
 # --- the run-time layer on its own (static check switched off by the host, as only tests can) ------------------
 RUNTIME_FORBIDDEN = ["runtime_numpy_file_channel", "runtime_forbidden_getattr", "runtime_forbidden_process_group", "runtime_file_channel",
                      "runtime_shared_memory", "runtime_socket_channel", "runtime_subprocess",
-                     "runtime_introspect_harness"]
+                     "runtime_introspect_harness", "runtime_tripwire_guard", "runtime_patch_harness"]
 
 
 @pytest.mark.parametrize("name", RUNTIME_FORBIDDEN)
@@ -95,8 +95,47 @@ def test_runtime_guard_alone(evaluate, name):
 
 
 def test_runtime_verification_patch_has_no_effect(evaluate):
+    """Verification runs in the coordinator, so the patch changes nothing there; in the rank it is undone and named."""
     res = evaluate(TASK, ATTACKS / "runtime_patch_verification.py", mode="check", static_check=False)
-    assert res.verdict == Verdict.wrong_answer
+    assert res.verdict == Verdict.forbidden
+    assert any("commbench_env.golden.compare.compare_tensor" in v.detail and "put it back" in v.detail
+               for v in res.violations), res.violations
+    assert any(not c.passed for c in res.cases), "the zeros it returns are still judged wrong"
+
+
+def test_frames_below_the_candidate_hold_no_harness_state(evaluate):
+    """The submission raises if any frame it can reach holds the harness's channel, seeds, inputs or marks."""
+    res = evaluate(TASK, ATTACKS / "runtime_frame_walk.py", mode="full", static_check=False)
+    assert res.verdict == Verdict.passed, res.feedback()
+
+
+def test_releasing_the_judges_lock_early_does_not_stop_the_clock(evaluate):
+    res = evaluate(TASK, ATTACKS / "runtime_release_early.py", mode="benchmark", static_check=False)
+    assert res.verdict == Verdict.passed, res.feedback()
+    assert res.benchmark and all(b.time_us_min >= 45_000 for b in res.benchmark), \
+        [b.time_us_min for b in res.benchmark]
+
+
+def test_harness_patch_is_undone_before_anything_is_sent(evaluate):
+    res = evaluate(TASK, ATTACKS / "runtime_patch_harness.py", mode="benchmark", static_check=False)
+    assert any("commbench_env.judge.rank.send_msg" in v.detail for v in res.violations), res.violations
+    assert res.benchmark and all(b.time_us > 1.0 for b in res.benchmark), "a forged 1 ns timing got through"
+
+
+def test_finalizers_never_run_on_the_harness_thread(evaluate):
+    res = evaluate(TASK, ATTACKS / "runtime_finalizer_escape.py", mode="full", static_check=False)
+    assert res.verdict == Verdict.passed, res.feedback()
+    out = "".join(r.stdout for r in res.ranks)
+    for tag in ("weakref-input", "weakref-output", "__del__-output", "cycle"):
+        assert f"finalizer {tag} ran on the candidate thread" in out, out[-2000:]
+    assert "HARNESS THREAD" not in out, out[-2000:]
+
+
+def test_a_thread_left_running_stops_the_rank(evaluate):
+    res = evaluate(TASK, ATTACKS / "runtime_left_thread.py", mode="check", static_check=False)
+    assert res.verdict == Verdict.runtime_error, res.feedback()
+    assert "left a thread running" in res.feedback()
+    assert compute_reward(res, None).reward == 0.0
 
 
 def test_exit_early_is_not_success(evaluate):
@@ -106,10 +145,14 @@ def test_exit_early_is_not_success(evaluate):
 
 
 def test_runtime_clock_patch_does_not_change_timing(evaluate):
-    cheat = evaluate(TASK, ATTACKS / "runtime_patch_timing.py", mode="benchmark", static_check=False)
-    honest = evaluate(TASK, (ATTACKS / "runtime_patch_timing.py").read_text().replace("time.perf_counter", "time.process_time")
-                      .replace("time.monotonic_ns = lambda: 0", ""), mode="benchmark", static_check=False)
-    assert cheat.verdict == Verdict.passed and honest.verdict == Verdict.passed
+    source = (ATTACKS / "runtime_patch_timing.py").read_text()
+    honest_source = "\n".join(ln for ln in source.splitlines() if not ln.startswith("time."))
+    cheat = evaluate(TASK, source, mode="benchmark", static_check=False)
+    honest = evaluate(TASK, honest_source, mode="benchmark", static_check=False)
+    assert honest.verdict == Verdict.passed, honest.feedback()
+    assert cheat.verdict == Verdict.forbidden  # the patch is undone and named
+    assert any("time.perf_counter_ns" in v.detail for v in cheat.violations), cheat.violations
+    assert cheat.benchmark, "the judge still measured it"
     for c, h in zip(cheat.benchmark, honest.benchmark):
         assert c.time_us > 1.0, "the harness clock must not be the patched one"
         assert 0.1 < c.time_us / h.time_us < 10

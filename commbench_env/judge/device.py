@@ -15,6 +15,7 @@ never touch CUDA; only forked ranks do (CUDA cannot be used across fork).
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from typing import Any, Callable
 
@@ -103,10 +104,13 @@ class RankDevice:
         self._one = torch.zeros(1, device=self.device)  # stays 0 however often it is summed
         self._warm_up = WarmUp(torch, self.device)
         self._cudart = cudart_library()
-        # bound now, before any candidate code exists, so that patching torch later cannot fool the clock
-        ev = torch.cuda.Event
-        self._event, self._record, self._ev_sync, self._elapsed = ev, ev.record, ev.synchronize, ev.elapsed_time
-        self._sync = torch.cuda.synchronize
+        # Bound now, before any candidate code exists, and to torch's C functions, which look nothing up when
+        # called: between back-to-back calls the harness must run nothing the candidate could have replaced.
+        base, stream = torch._C._CudaEventBase, torch.cuda.current_stream(self.device)
+        self._event = torch.cuda.Event
+        self._record = functools.partial(_record_on, base.record, stream)
+        self._ev_sync, self._elapsed = base.synchronize, base.elapsed_time
+        self._sync = torch._C._cuda_synchronize  # this thread's current device, set above
         self._group_all_reduce: Any = None
 
     def bind_group(self, group: Any) -> None:
@@ -126,7 +130,7 @@ class RankDevice:
 
     def synchronize(self) -> None:
         if self.is_cuda:
-            self.torch.cuda.synchronize(self.device)
+            self._sync()
 
     def align(self) -> None:
         """Queue a device-side start line before a timed call (harness code: run it with the guard off).
@@ -136,46 +140,57 @@ class RankDevice:
         so the start events of all ranks fire together on a busy GPU with the candidate's launches queued."""
         if not self.is_cuda:
             return
-        self._sync(self.device)  # inputs staged, previous call finished
+        self._sync()  # inputs staged, previous call finished
         reset_persisting_l2(self._cudart)
         if self._group_all_reduce is not None:
             self._group_all_reduce([self._one]).wait()  # the stream waits for it; the host does not
         self._warm_up()
 
-    def timed_calls(self, fns: list[Callable[[], Any]], clock: Callable[[], int]) -> tuple[list[Any], list[int]]:
-        """Run the calls back-to-back; returns their results and the ns each took.
+    def timed_calls(self, fns: list[Callable[[], Any]], clock: Callable[[], int], settle: Callable[[], None],
+                    outs: list[Any]) -> list[int]:
+        """Run the calls back-to-back, appending their results to `outs`; returns the ns each took.
 
         On a GPU, an event is queued before the first call and after each one, so call i took the time between
         marks i and i+1 on the device (host time shows only where the host falls behind the GPU), as in
         nccl-tests' timing loop. If work outlives the calls, the last one runs on to a device-wide sync. On
-        the CPU each call is timed with the host clock."""
+        the CPU each call is timed with the host clock. The calls run candidate code, which may replace module
+        and class attributes: until `settle` has put them back, right after the last call's clock has stopped,
+        only locals bound here are touched."""
+        keep = outs.append
         if not self.is_cuda:
-            outs, spans = [], []
+            spans: list[int] = []
+            span = spans.append
             for fn in fns:
                 t0 = clock()
-                outs.append(fn())
-                spans.append(clock() - t0)
-            return outs, spans
+                keep(fn())
+                span(clock() - t0)
+            settle()
+            return spans
         marks = [self._event(enable_timing=True) for _ in range(len(fns) + 1)]
-        self._record(marks[0])
-        outs = []
+        record = self._record
+        record(marks[0])
         for fn, mark in zip(fns, marks[1:]):
-            outs.append(fn())
-            self._record(mark)
+            keep(fn())
+            record(mark)
+        settle()
         self._ev_sync(marks[-1])
         t0 = clock()
-        self._sync(self.device)
+        self._sync()
         if clock() - t0 > HIDDEN_WORK_NS:  # work outlived the calls: it counts up to the device sync
             marks[-1] = self._event(enable_timing=True)
-            self._record(marks[-1])
+            record(marks[-1])
             self._ev_sync(marks[-1])
-        return outs, [int(self._elapsed(a, b) * 1e6) for a, b in zip(marks, marks[1:])]
+        return [int(self._elapsed(a, b) * 1e6) for a, b in zip(marks, marks[1:])]
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"mode": self.mode, "device": str(self.device), "backend": self.backend}
         if self.is_cuda:
             d["gpu"] = self.torch.cuda.get_device_name(self.device)
         return d
+
+
+def _record_on(record: Callable[[Any, Any], None], stream: Any, event: Any) -> None:
+    record(event, stream)
 
 
 def now() -> int:

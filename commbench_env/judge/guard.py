@@ -2,14 +2,18 @@
 
 Two layers behind the static check: tripwires replace forbidden torch.distributed APIs (under every alias the
 harness knows), and an audit hook (which Python code cannot remove) refuses files, processes, sockets, shared
-memory, ctypes and introspection of other frames while candidate code runs.
+memory, ctypes, other threads' frames and swapping an object's class or a function's code to every thread but the
+harness's own. Candidate code only ever runs on other threads (candidate_thread.py), so there is no on/off switch
+for it to find and flip.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
+import types
 from typing import Any, Callable
 
 from .rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P
@@ -22,16 +26,17 @@ _BLOCKED_EVENTS = frozenset({
     "os.chmod", "os.chown", "os.chroot", "mmap.__new__", "sys.settrace", "sys.setprofile", "sys.addaudithook",
     "sys._current_frames", "gc.get_referrers", "gc.get_referents", "gc.get_objects", "resource.setrlimit",
     "resource.prlimit", "shutil.copyfile", "shutil.move", "shutil.rmtree", "os.putenv", "os.unsetenv",
-    "sys.setrecursionlimit", "os.setsid", "os.setpgid",
+    "sys.setrecursionlimit", "os.setsid", "os.setpgid", "sys.setswitchinterval",
 })
+# attribute writes CPython audits: swapping these would make harness objects run candidate code
+_GUARDED_ATTRS = frozenset({"__class__", "__code__", "__bases__", "__defaults__", "__kwdefaults__"})
 _BLOCKED_PREFIXES = ("socket.", "ctypes.", "os.exec", "os.spawn", "os.posix_spawn", "_posixshmem.", "winreg.")
 
 
 class Guard:
-    """Holds the rank's violation log; `active` is on only while candidate code runs."""
+    """The rank's violation log: the audit hook, the tripwires and the integrity check write here."""
 
     def __init__(self) -> None:
-        self.active = False
         self.violations: list[dict[str, Any]] = []
 
     def record(self, rule: str, detail: str) -> None:
@@ -39,11 +44,14 @@ class Guard:
             self.violations.append({"rule": rule, "detail": detail, "where": "runtime"})
 
 
-def install_audit_hook(guard: Guard, own_pid: int) -> None:
+def install_audit_hook(guard: Guard, own_pid: int, candidate_module: str) -> None:
+    """Refuse the events above on every thread except the caller's (the harness's), from now on."""
     proc_self = (f"/proc/{own_pid}/", "/proc/self/", "/proc/thread-self/")
+    harness_thread, get_ident = threading.get_ident(), threading.get_ident
+    loaded = frozenset(sys.modules)  # a module imported later may set its own class (torch's config modules do)
 
     def hook(event: str, args: tuple) -> None:
-        if not guard.active:
+        if get_ident() == harness_thread:
             return
         reason = None
         if event == "open":
@@ -59,6 +67,11 @@ def install_audit_hook(guard: Guard, own_pid: int) -> None:
                 reason = f"shared memory {p!r}"
         elif event in _BLOCKED_EVENTS or event.startswith(_BLOCKED_PREFIXES):
             reason = event
+        elif event == "object.__setattr__" and len(args) > 1 and args[1] in _GUARDED_ATTRS:
+            target = args[0]
+            owner = target.__name__ if isinstance(target, types.ModuleType) else getattr(target, "__module__", None)
+            if owner in loaded and owner != candidate_module:
+                reason = f"setting {args[1]} of {type(target).__name__} {getattr(target, '__name__', '?')!r}"
         if reason:
             guard.record("sandbox", f"{reason} is not allowed in candidate code")
             raise PermissionError(f"CommBench: {reason} is not allowed in candidate code")

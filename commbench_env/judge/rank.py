@@ -3,33 +3,68 @@ the coordinator; the candidate module is loaded only after all of that is captur
 
 from __future__ import annotations
 
+import functools
+import gc
 import linecache
 import os
 import socket
-import traceback
 import types
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
-from . import isolate
+from . import candidate_thread, integrity, isolate
+from .candidate_thread import CandidateRaised, candidate_traceback
 from .device import RankDevice
 from .guard import CommProfiler, Guard, install_audit_hook, install_tripwires
 from .protocol import encode_tensors, recv_msg, send_msg
 from .rules import expand_forbidden
 
 SAMPLES_PER_OUTPUT = 256
+MAX_VIOLATIONS = 50
 
 
-def _candidate_traceback(exc: BaseException, filename: str) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
-    lines = ["Traceback (candidate frames only):"]
-    for f in frames[-8:]:
-        lines.append(f'  File "{f.filename}", line {f.lineno}, in {f.name}')
-        if f.line:
-            lines.append(f"    {f.line}")
-    lines.append(f"{type(exc).__name__}: {exc}")
-    return "\n".join(lines)
+def _load_module(code: types.CodeType, namespace: dict[str, Any], names: tuple[str, ...], filename: str) -> dict:
+    """Run on the candidate thread: execute the module, then pick its entry points (the namespace is the candidate's,
+    so even looking names up in it happens there)."""
+    exec(code, namespace)  # noqa: S102 - this is the sandboxed candidate thread
+    fns = {}
+    for name in names:
+        fn = namespace.get(name)
+        if not callable(fn):
+            raise LookupError(f"{filename} does not define a function named {name!r}")
+        fns[name] = fn
+    return fns
+
+
+def _profiled(call: Callable[[], Any], activities: list) -> Any:
+    """Run on the candidate thread: the torch profiler records CPU ops only on the thread that starts it."""
+    import torch.profiler as tp
+
+    with tp.profile(activities=activities) as prof:
+        call()
+    return prof
+
+
+def _release(graveyard: list) -> None:
+    """Run on the candidate thread: drop everything the candidate was handed or handed back, and collect the young
+    garbage, so that a finalizer it attached (`__del__`, a weakref callback) runs there, never on the harness's."""
+    graveyard.clear()
+    gc.collect(0)
+
+
+def _settler(snapshot: list[Callable[[], list[str]]], violations: list) -> Callable[[], None]:
+    """`settle` for candidate_thread.start: restore the namespaces first, only then log what was changed.
+    `snapshot[0]` is the current snapshot's restore; the harness retakes it after its own work changed them."""
+    gc_disable = gc.disable
+
+    def settle() -> None:
+        gc_disable()  # the collector would run candidate finalizers on whichever thread allocates
+        for what in snapshot[0]():
+            if len(violations) < MAX_VIOLATIONS:
+                violations.append({"rule": "sandbox", "where": "runtime",
+                                   "detail": f"the submission replaced {what}; the judge put it back"})
+    return settle
 
 
 class RankHarness:
@@ -99,7 +134,22 @@ class RankHarness:
             self.isolation["landlock_abi"] = landlock.restrict(
                 writable=[w for w in writable if os.path.isdir(w)], readable=landlock.default_read_paths(),
                 device_rw=devices, scope_abstract_sockets=scope_sockets)
-        install_audit_hook(self.guard, os.getpid())
+        import torch.profiler as tp
+
+        self.profile_type = tp.profile
+        self.tensor_type, self.dict_type, self.str_type = torch.Tensor, dict, str
+        # Every object the candidate is handed or hands back goes here as soon as it exists and is dropped on the
+        # candidate thread after each command (_release): the harness's thread never frees one. The collector is
+        # off for the same reason; _release collects.
+        self.graveyard: list = []
+        gc.disable()
+        self.snapshot = [integrity.snapshot()]
+        self.settle = settle = _settler(self.snapshot, self.guard.violations)
+        filename = self.card["entry"]["file"]
+        install_audit_hook(self.guard, os.getpid(), Path(filename).stem)
+        device = self.dev.device
+        self.run_candidate = candidate_thread.start(
+            filename, settle, (lambda: torch.cuda.set_device(device)) if self.dev.is_cuda else None)
 
     def load_candidate(self) -> None:
         entry = self.card["entry"]
@@ -109,51 +159,68 @@ class RankHarness:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # source lines in tracebacks
         module = types.ModuleType(Path(filename).stem)
         module.__file__ = filename
-        self.guard.active = True
+        code = compile(source, filename, "exec")
         try:
-            exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - this is the sandboxed rank
-        except PermissionError as exc:
-            self.guard.record("sandbox", f"access denied by the sandbox: {exc}")
+            fns = self.run_candidate(functools.partial(_load_module, code, module.__dict__, tuple(entry["functions"]),
+                                                       filename))
+            self.settle()
+        except CandidateRaised as exc:
+            if exc.denied:
+                self.guard.record("sandbox", f"access denied by the sandbox: {exc.text.splitlines()[-1]}")
             raise
         finally:
-            self.guard.active = False
-        fns = {}
-        for name in entry["functions"]:
-            fn = module.__dict__.get(name)
-            if not callable(fn):
-                raise LookupError(f"{filename} does not define a function named {name!r}")
-            fns[name] = fn
+            self.module = module  # kept for the process's life: it must not be freed on this thread
+        if type(fns) is not self.dict_type or not all(type(k) is self.str_type and callable(v) for k, v in fns.items()):
+            self.bury(fns)
+            raise RuntimeError("the submission's module did not hand back plain functions")
         self.fns = fns
 
     # -- running --------------------------------------------------------------------------------------
+    def bury(self, obj: Any) -> Any:
+        """Keep `obj` until the next `release`, which frees it on the candidate thread; returns `obj`."""
+        self.graveyard.append(obj)
+        return obj
+
+    def release(self) -> None:
+        if self.graveyard:
+            self.run_candidate(functools.partial(_release, self.graveyard))
+            self.settle()
+
     def _case(self, d: dict[str, Any]):
         from ..cards import CaseSpec
 
-        return CaseSpec.model_validate(d)
+        return self.bury(CaseSpec.model_validate(d))
 
-    def _invoke(self, case, inputs, align: bool = True):
-        """Call the candidate once with the guard on; returns outputs and elapsed ns."""
+    def _invoke(self, case, inputs):
+        """Call the candidate once after a start line; returns outputs, elapsed ns and the inputs it was shown."""
         cand_inputs = self.op.candidate_inputs(inputs)
-        if align:  # harness work, before the guard is on
-            self.dev.align()
+        self.dev.align()
         outs, spans = self._timed_calls(case, [inputs])
         return outs[0], spans[0], cand_inputs
 
     def _timed_calls(self, case, staged: list) -> tuple[list, list[int]]:
-        """Call the candidate on each input set in turn, back-to-back, with the guard on (RankDevice.timed_calls)."""
-        self.guard.active = True
+        """Call the candidate on each input set in turn, back-to-back (RankDevice.timed_calls), on its own thread.
+
+        Each call is bound completely beforehand: between calls the harness runs nothing the candidate could have
+        replaced; the namespaces are settled after the last call (or the first that raises)."""
+        run, op_call, fns, rank, world = self.run_candidate, self.op.call, self.fns, self.rank, self.world
+        calls = [functools.partial(run, functools.partial(op_call, fns, x, case, rank, world)) for x in staged]
+        outs = self.bury([])
         try:
-            return self.dev.timed_calls(
-                [lambda x=x: self.op.call(self.fns, x, case, self.rank, self.world) for x in staged], self.clock)
-        except PermissionError as exc:  # the file-system sandbox refused the candidate something
-            self.guard.record("sandbox", f"access denied by the sandbox: {exc}")
+            spans = self.dev.timed_calls(calls, self.clock, self.settle, outs)
+        except CandidateRaised as exc:
+            if exc.denied:  # the file-system sandbox or the audit hook refused the candidate something
+                self.guard.record("sandbox", f"access denied by the sandbox: {exc.text.splitlines()[-1]}")
             raise
-        finally:
-            self.guard.active = False
+        for out in outs:  # the golden op returns plain tensors; anything else means its code was tampered with
+            if type(out) is not self.dict_type or not all(
+                    type(k) is self.str_type and type(v) is self.tensor_type for k, v in out.items()):
+                raise RuntimeError("the submission's outputs were not plain tensors")
+        return outs, spans
 
     def _inputs(self, case, seed: int):
         """This rank's inputs, made on the CPU from its private seed, then moved to the rank's device."""
-        return self.dev.to_device(self.op.make_inputs(case, self.rank, self.world, int(seed)))
+        return self.bury(self.dev.to_device(self.op.make_inputs(case, self.rank, self.world, int(seed))))
 
     def run_check(self, msg: dict[str, Any]) -> None:
         case = self._case(msg["case"])
@@ -180,12 +247,10 @@ class RankHarness:
             self.barrier()
             self.dev.align()
             outs, spans = self._timed_calls(case, staged)
-            del staged
             for it, (out, ns) in enumerate(zip(outs, spans)):
                 self.send({"type": "iter", "it": it, "ns": ns})
                 if it >= warmup:
                     self.send_samples(it, out, full)
-                outs[it] = None
             return
         for it, seed in enumerate(msg["seeds"]):
             inputs = self._inputs(case, seed)
@@ -224,14 +289,22 @@ class RankHarness:
         self._invoke(case, inputs)  # warm-up
         inputs = self._inputs(case, int(msg["seed"]) + 1)
         self.profiler.reset()
-        self.barrier()
         activities = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if self.dev.is_cuda else [])
-        with tp.profile(activities=activities) as prof:
-            self.profiler.enabled = True
-            try:
-                _, ns, _ = self._invoke(case, inputs, align=False)  # no harness kernels in the candidate's table
-            finally:
-                self.profiler.enabled = False
+        with tp.profile(activities=activities):  # torch's first profile imports modules, wraps torch functions and
+            pass  # sets environment variables: let that happen here, on the harness's thread, not the sandboxed one
+        self.snapshot[0] = integrity.snapshot()  # and keep what it changed
+        self.barrier()
+        call = functools.partial(self.run_candidate, functools.partial(
+            _profiled, functools.partial(self.op.call, self.fns, inputs, case, self.rank, self.world), activities))
+        self.profiler.enabled = True
+        profs: list = self.bury([])
+        try:  # no start line: no harness kernels in the candidate's table
+            (ns,) = self.dev.timed_calls([call], self.clock, self.settle, profs)
+        finally:
+            self.profiler.enabled = False
+        prof = profs[0]
+        if type(prof) is not self.profile_type:
+            raise RuntimeError("the profiler was replaced by the submission")
         rows = []
         for label, times in self.profiler.stats.items():
             rows.append({"name": label, "kind": "comm", "calls": len(times), "total_us": sum(times),
@@ -263,10 +336,12 @@ class RankHarness:
                 return
             try:
                 handlers[cmd](msg)
-            except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything, SystemExit included
-                self.guard.active = False
-                self.send({"type": "error", "error": _candidate_traceback(exc, self.filename),
+            except CandidateRaised as exc:
+                self.send({"type": "error", "error": exc.text, "violations": self.guard.violations})
+            except Exception as exc:  # noqa: BLE001 - a harness-side failure (e.g. outputs of the wrong type)
+                self.send({"type": "error", "error": candidate_traceback(exc, self.filename),
                            "violations": self.guard.violations})
+            self.release()
 
 
 def _same(a, b) -> bool:
@@ -289,7 +364,8 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
         try:
             h.load_candidate()
         except BaseException as exc:  # noqa: BLE001
-            h.send({"type": "load_error", "error": _candidate_traceback(exc, spec["card"]["entry"]["file"]),
+            text = exc.text if isinstance(exc, CandidateRaised) else candidate_traceback(exc, spec["card"]["entry"]["file"])
+            h.send({"type": "load_error", "error": text,
                     "violations": h.guard.violations, "isolation": h.isolation})
         else:
             h.send({"type": "ready", "rendezvous_s": h.rendezvous_s, "isolation": h.isolation,
