@@ -59,7 +59,8 @@ def calibration_task(op: str, sizes: list[int], iters: int, warmup: int) -> Task
         "rules": {"forbidden_apis": [], "inputs_read_only": not in_place},
         "semantics": {"op": golden},
         "cases": [{"name": "v", "shape": [1024]}, {"name": "h", "visible": False, "shape": [4096]}],
-        "performance": {"metric": "busbw", "sizes": sizes, "gpu_sizes": sizes, "warmup": warmup, "iters": iters},
+        "performance": {"metric": "busbw", "sizes": sizes, "gpu_sizes": sizes, "warmup": warmup, "iters": iters,
+                        "gpu_warmup": warmup, "gpu_iters": iters},
     })
     task = Task.__new__(Task)
     task.card, task.root, task.prompt, task.starter, task.hash = card, Path("."), "", "", f"calibration-{op}"
@@ -116,8 +117,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nccl-tests-bin", required=True)
     ap.add_argument("--sizes", default="67108864,268435456")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--no-references", action="store_true", help="skip judging the task references")

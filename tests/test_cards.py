@@ -103,3 +103,16 @@ def test_selectors():
     assert select_tasks("collective/*", device_mode="cpu")
     with pytest.raises(NotFoundError):
         select_tasks("nope/nothing")
+
+
+def test_gpu_modes_time_with_nccl_tests_iteration_counts():
+    from commbench_env.cards import PerformanceSpec
+
+    perf = PerformanceSpec(sizes=[1024], warmup=1, iters=4)
+    cpu = perf.for_device("cpu")
+    assert (cpu.warmup, cpu.iters) == (1, 4)
+    for mode in ("cuda", "cuda-shared"):
+        gpu = perf.for_device(mode)
+        assert (gpu.warmup, gpu.iters) == (5, 20)  # nccl-tests' -w 5 -n 20
+    custom = PerformanceSpec(sizes=[1024], gpu_warmup=0, gpu_iters=3).for_device("cuda")
+    assert (custom.warmup, custom.iters) == (0, 3)

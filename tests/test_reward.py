@@ -62,3 +62,15 @@ def test_bands():
     assert band_of(1.03, cfg) == "on_par" and band_of(0.96, cfg) == "on_par"
     assert band_of(0.8, cfg) == "degraded"
     assert band_of(0.5, cfg) == "severely_degraded"
+
+
+def test_reference_figures_keep_each_sizes_median_run():
+    """A GPU reference is run three times; one run's outlier at one size must not become the yardstick."""
+    from commbench_env.reference import _median_runs
+
+    runs = [[size(1024, 10.0), size(1 << 20, 300.0)],  # an outlier at 1 MiB
+            [size(1024, 50.0), size(1 << 20, 100.0)],  # an outlier at 1 KiB
+            [size(1024, 11.0), size(1 << 20, 110.0)]]
+    picked = _median_runs(runs)
+    assert [s.size_bytes for s in picked] == [1024, 1 << 20]
+    assert [s.time_us_median for s in picked] == [11.0, 110.0]

@@ -317,7 +317,7 @@ class Evaluation:
 
     # ---- stage 4: benchmark --------------------------------------------------------------------------
     def benchmark(self) -> None:
-        perf = self.card.performance
+        perf = self.card.performance.for_device(self.req.device_mode)
         t0 = time.monotonic()
         verify_before = self.timings.verify_s
         for size in perf.sizes_for(self.req.device_mode):

@@ -244,6 +244,8 @@ class RankHarness:
         warmup, full = int(msg["warmup"]), bool(msg.get("full_outputs"))
         if self.dev.is_cuda:
             staged = [self._inputs(case, seed) for seed in msg["seeds"]]
+            input_bytes = sum(t.numel() * t.element_size() for t in staged[0].values())
+            self.dev.reserve(input_bytes * self.world * len(staged))  # outputs up to world x the inputs (all-gather)
             self.barrier()
             self.dev.align()
             outs, spans = self._timed_calls(case, staged)
