@@ -131,6 +131,15 @@ def test_finalizers_never_run_on_the_harness_thread(evaluate):
     assert "HARNESS THREAD" not in out, out[-2000:]
 
 
+def test_class_patches_are_undone_and_named(evaluate):
+    res = evaluate(TASK, ATTACKS / "runtime_patch_class.py", mode="full", static_check=False)
+    details = " ".join(v.detail for v in res.violations)
+    assert "torch.Tensor.clone (added)" in details, details
+    assert "commbench_env.golden.base.GoldenOp.call" in details, details
+    assert res.verdict == Verdict.forbidden
+    assert all(c.passed for c in res.cases), "the harness kept working: every call went through the real op"
+
+
 def test_a_thread_left_running_stops_the_rank(evaluate):
     res = evaluate(TASK, ATTACKS / "runtime_left_thread.py", mode="check", static_check=False)
     assert res.verdict == Verdict.runtime_error, res.feedback()

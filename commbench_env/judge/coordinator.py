@@ -12,6 +12,7 @@ import signal
 import socket
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfi
                      SizeResult, Timings, Verdict, Violation, kernel_bandwidth)
 from .rules import expand_forbidden
 from .static_check import check_source
+
+VERIFY_THREADS = 8  # timed iterations checked at once (each regenerates its inputs; torch releases the GIL)
 
 
 class RankFailure(Exception):
@@ -373,40 +376,54 @@ class Evaluation:
                           verified=mismatch is None, mismatch=mismatch)
 
     def verify_samples(self, case: CaseSpec, size: int, seeds, samples, full: bool) -> Mismatch | None:
-        import torch
+        """Check every timed iteration's outputs (or samples of them); the first mismatch by iteration, or None.
 
-        tol = self.tolerance(case)
+        Iterations are independent (each has its own inputs to regenerate), so they are checked on a thread pool:
+        with nccl-tests' 20 timed calls, regenerating inputs dominated a GPU evaluation's wall time."""
         by_iter: dict[int, dict[int, dict]] = {}
         for it, r, outs in samples:
             by_iter.setdefault(it, {})[r] = outs
-        for it, per_rank in sorted(by_iter.items()):
-            inputs = [self.op.make_inputs(case, r, self.world, seeds[r][it]) for r in range(self.world)]
-            if full:
-                mm = self.op.verify(case, self.world, inputs, [per_rank[r] for r in range(self.world)], tol)
-                if mm:
-                    mm["detail"] = (mm.get("detail", "") + f" (timed iteration {it})").strip()
-                    return Mismatch(**mm)
-                continue
-            expected = self.op.expected(case, self.world, inputs)
-            for r in range(self.world):
-                g = torch.Generator().manual_seed(self.seed("sample", size, it))  # the rank drew with this seed
-                for name, exp in sorted(expected[r].items()):
-                    flat = exp.reshape(-1)
-                    got = per_rank[r].get(name)
-                    numel = per_rank[r].get(name + "#numel")
-                    if got is None or numel is None or int(numel[0]) != flat.numel():
-                        return Mismatch(case=case.name, rank=r, output=name, reason="shape",
-                                        detail=f"timed iteration {it}: output {name!r} has the wrong size")
-                    if flat.numel() == 0:
-                        continue
-                    idx = torch.randint(0, flat.numel(), (min(256, flat.numel()),), generator=g)
-                    m = compare_tensor(flat[idx], got, tol)
-                    if m:
-                        pos = int(idx[m["index"][0]]) if m.get("index") else 0
-                        m["index"] = [pos]
-                        m.pop("wrong_count", None), m.pop("total_count", None)
-                        return Mismatch(case=case.name, rank=r, output=name,
-                                        detail=f"timed iteration {it} (sampled check)", **m)
+        items = sorted(by_iter.items())
+        workers = max(1, min(len(items), VERIFY_THREADS, os.cpu_count() or 1))
+        if workers == 1:
+            found = [self.verify_iteration(case, size, seeds, it, per_rank, full) for it, per_rank in items]
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="verify") as pool:
+                found = list(pool.map(lambda item: self.verify_iteration(case, size, seeds, *item, full), items))
+        return next((m for m in found if m is not None), None)
+
+    def verify_iteration(self, case: CaseSpec, size: int, seeds, it: int, per_rank: dict[int, dict],
+                         full: bool) -> Mismatch | None:
+        import torch
+
+        tol = self.tolerance(case)
+        inputs = [self.op.make_inputs(case, r, self.world, seeds[r][it]) for r in range(self.world)]
+        if full:
+            mm = self.op.verify(case, self.world, inputs, [per_rank[r] for r in range(self.world)], tol)
+            if mm:
+                mm["detail"] = (mm.get("detail", "") + f" (timed iteration {it})").strip()
+                return Mismatch(**mm)
+            return None
+        expected = self.op.expected(case, self.world, inputs)
+        for r in range(self.world):
+            g = torch.Generator().manual_seed(self.seed("sample", size, it))  # the rank drew with this seed
+            for name, exp in sorted(expected[r].items()):
+                flat = exp.reshape(-1)
+                got = per_rank[r].get(name)
+                numel = per_rank[r].get(name + "#numel")
+                if got is None or numel is None or int(numel[0]) != flat.numel():
+                    return Mismatch(case=case.name, rank=r, output=name, reason="shape",
+                                    detail=f"timed iteration {it}: output {name!r} has the wrong size")
+                if flat.numel() == 0:
+                    continue
+                idx = torch.randint(0, flat.numel(), (min(256, flat.numel()),), generator=g)
+                m = compare_tensor(flat[idx], got, tol)
+                if m:
+                    pos = int(idx[m["index"][0]]) if m.get("index") else 0
+                    m["index"] = [pos]
+                    m.pop("wrong_count", None), m.pop("total_count", None)
+                    return Mismatch(case=case.name, rank=r, output=name,
+                                    detail=f"timed iteration {it} (sampled check)", **m)
         return None
 
     # ---- stage 5: profile ----------------------------------------------------------------------------

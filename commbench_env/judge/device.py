@@ -149,7 +149,7 @@ class RankDevice:
         del block  # the segment stays in the allocator's cache
 
     def align(self) -> None:
-        """Queue a device-side start line before a timed call (harness code: run it with the guard off).
+        """Queue a device-side start line before a timed call (harness code, on the harness's thread).
 
         In `cuda` mode a one-word all-reduce on the default group holds every rank's stream until the last rank
         arrives (a host barrier leaves hundreds of microseconds of skew); then every rank runs the same warm-up,
