@@ -14,6 +14,9 @@ The checker is a closure over locals: it must not itself look up anything the ca
 
 from __future__ import annotations
 
+import builtins
+import itertools
+import operator
 import sys
 import types
 from typing import Any, Callable
@@ -46,51 +49,104 @@ def _protected_modules() -> list[tuple[str, types.ModuleType, bool]]:
     return out
 
 
+def _mutable(cls: type) -> bool:
+    """Static and immutable types refuse attribute writes anyway (Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE)."""
+    return bool(cls.__flags__ & (1 << 9)) and not cls.__flags__ & (1 << 8)
+
+
 def _guarded(value: Any) -> bool:
     return callable(value) or issubclass(type(value), types.ModuleType)
 
 
 def snapshot(extra_classes: tuple[type, ...] = ()) -> Callable[[], list[str]]:
-    """Take the snapshot now; return `settle()`, which restores it and returns what had been changed."""
+    """Take the snapshot now; return `settle()`, which restores it and returns what had been changed.
+
+    All namespaces are first compared at once, by identity of their keys and values in order (C loops: a settle
+    costs well under a millisecond when nothing changed); only when that differs is each namespace examined, name
+    by name, and then the picture is retaken, so library state that legitimately changes is examined once."""
     modules = _protected_modules()
     module_names = {name for name, _, _ in modules}
-    entries: list[tuple[str, dict, str, Any]] = []  # (where, namespace, name, value)
-    classes: dict[int, tuple[str, type, dict]] = {}
+    shadowable = frozenset(dir(builtins))  # an added global of these names would shadow a builtin
+    groups: list[tuple[str, dict, bool, list, list, list]] = []  # (where, ns, own, keys, values, guarded entries)
+    classes: dict[int, type] = {}
     for name, mod, own in modules:
         ns = vars(mod)
+        guarded = []  # (name, value) put back when changed: in foreign modules only functions, classes, modules
         for key, value in list(ns.items()):
             if type(key) is not str or not (own or _guarded(value) or key in HOOKS.get(name, ())):
                 continue
-            entries.append((name, ns, key, value))
+            guarded.append((key, value))
             if issubclass(type(value), type) and (getattr(value, "__module__", None) in module_names or value in extra_classes):
-                classes.setdefault(id(value), (f"{value.__module__}.{value.__qualname__}", value, dict(vars(value))))
+                classes.setdefault(id(value), value)
+        groups.append((name, ns, own, list(ns.keys()), list(ns.values()), guarded))
     for cls in extra_classes:
-        classes.setdefault(id(cls), (f"{cls.__module__}.{cls.__qualname__}", cls, dict(vars(cls))))
-    class_list = [(label, cls, vars(cls), saved, len(saved)) for label, cls, saved in classes.values()]
+        classes.setdefault(id(cls), cls)
+    class_list = [(f"{c.__module__}.{c.__qualname__}", c, vars(c), dict(vars(c)), list(vars(c).keys()),
+                   list(vars(c).values())) for c in classes.values() if _mutable(c)]
     lists = [(label, get(), list(get())) for label, get in HOOK_LISTS]  # finders and gc callbacks run anywhere
     module_table = sys.modules
     module_entries = [(name, mod) for name, mod, _ in modules]
     missing = object()
     set_class_attr, del_class_attr, str_type, type_of, length, limit = (
         type.__setattr__, type.__delattr__, str, type, len, MAX_REPORTED)
-    zip_ = zip
+    all_, map_, is_, list_, sum_, chain_ = all, map, operator.is_, list, sum, itertools.chain.from_iterable
+    values_of, keys_of = operator.methodcaller("values"), operator.methodcaller("keys")
+    spaces = [g[1] for g in groups] + [c[2] for c in class_list]
+    kept: list = []
+    whole: list = []
+
+    def picture() -> None:
+        whole[:] = [sum_(map_(length, spaces)), list_(chain_(map_(keys_of, spaces))),
+                    list_(chain_(map_(values_of, spaces)))]
+
+    def unchanged() -> bool:
+        """Every namespace at once, in C loops: the common case, where the candidate changed nothing."""
+        return (sum_(map_(length, spaces)) == whole[0] and all_(map_(is_, chain_(map_(values_of, spaces)), whole[2]))
+                and all_(map_(is_, chain_(map_(keys_of, spaces)), whole[1])))
+
+    def same(live: Any, keys: list, values: list) -> bool:
+        return (length(live) == length(keys) and all_(map_(is_, live.values(), values))
+                and all_(map_(is_, live.keys(), keys)))
 
     def settle() -> list[str]:
         changed: list[str] = []
+        if not unchanged():
+            examine(changed)
+            picture()
         for name, mod in module_entries:
             if module_table.get(name, missing) is not mod:
                 module_table[name] = mod
                 changed.append(f"sys.modules[{name!r}]")
-        for where, ns, key, value in entries:
-            if ns.get(key, missing) is not value:
-                ns[key] = value
-                changed.append(f"{where}.{key}")
-        for label, live, saved in lists:
-            if length(live) != length(saved) or not all_same_items(live, saved):
-                live[:] = saved
+        for label, live, saved_list in lists:
+            if length(live) != length(saved_list) or not all_(map_(is_, live, saved_list)):
+                live[:] = saved_list
                 changed.append(label)
-        for label, cls, live, saved, count in class_list:
-            if length(live) == count and all_same(live, saved):
+        return changed[:limit]
+
+    def examine(changed: list[str]) -> None:
+        for where, ns, own, keys, values, guarded in groups:
+            if same(ns, keys, values):
+                continue
+            odd = [k for k in ns if type_of(k) is not str_type]
+            if odd:  # a key that is not a str runs its own code when compared: rebuild without it, never hashing it
+                kept.extend(odd)  # and never free it here
+                plain = [(k, v) for k, v in ns.items() if type_of(k) is str_type]
+                ns.clear()
+                ns.update(plain)
+                changed.append(f"{where}: a global whose name is not a string (removed)")
+            for key, value in guarded:
+                if ns.get(key, missing) is not value:
+                    ns[key] = value
+                    changed.append(f"{where}.{key}")
+            saved = {k for k, _ in guarded}
+            for key in [k for k in ns if type_of(k) is str_type and k not in saved and (own or k in shadowable)
+                        and (own or not keys.count(k))]:
+                del ns[key]
+                changed.append(f"{where}.{key} (added)")
+            keys[:] = list_(ns.keys())
+            values[:] = list_(ns.values())
+        for label, cls, live, saved, keys, values in class_list:
+            if same(live, keys, values):
                 continue
             for key in [k for k in live if type_of(k) is not str_type or saved.get(k, missing) is missing]:
                 del_class_attr(cls, key) if type_of(key) is str_type else None
@@ -99,18 +155,6 @@ def snapshot(extra_classes: tuple[type, ...] = ()) -> Callable[[], list[str]]:
                 if live.get(key, missing) is not value:
                     set_class_attr(cls, key, value)
                     changed.append(f"{label}.{key}")
-        return changed[:limit]
 
-    def all_same_items(live: list, saved: list) -> bool:
-        for a, b in zip_(live, saved):
-            if a is not b:
-                return False
-        return True
-
-    def all_same(live: Any, saved: dict) -> bool:
-        for key, value in saved.items():
-            if live.get(key, missing) is not value:
-                return False
-        return True
-
+    picture()
     return settle
