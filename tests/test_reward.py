@@ -74,3 +74,14 @@ def test_reference_figures_keep_each_sizes_median_run():
     picked = _median_runs(runs)
     assert [s.size_bytes for s in picked] == [1024, 1 << 20]
     assert [s.time_us_median for s in picked] == [11.0, 110.0]
+
+
+def test_a_bandwidth_far_above_the_roofline_is_refused():
+    """Timings are taken inside the candidate's process; the coordinator rejects figures no hardware reaches."""
+    from commbench_env.judge.coordinator import implausible_timing
+
+    assert implausible_timing(None, 64 << 20, "NVLink") is None  # no roofline (CPU): nothing to compare with
+    assert implausible_timing(105.0, 64 << 20, "NVLink") is None  # the best honest references reach ~105 %
+    assert implausible_timing(5000.0, 4096, "NVLink") is None  # tiny sizes are latency, not bandwidth
+    why = implausible_timing(5000.0, 64 << 20, "NVLink")
+    assert why and "NVLink" in why and "cannot be right" in why

@@ -29,7 +29,19 @@ from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfi
 from .rules import expand_forbidden
 from .static_check import check_source
 
+IMPLAUSIBLE_ROOFLINE_PCT = 300.0  # honest references peak near 105 % of the roofline the judge measures
+IMPLAUSIBLE_MIN_BYTES = 1 << 20  # below this, latency dominates and no roofline applies
 VERIFY_THREADS = 8  # timed iterations checked at once (each regenerates its inputs; torch releases the GIL)
+
+
+def implausible_timing(roofline_pct: float | None, size_bytes: int, roofline_name: str) -> str | None:
+    """Why a bandwidth is impossible, or None. Timings are taken inside the candidate's own process, so they are
+    checked from outside too: a figure far above the roofline measured in the same evaluation means the clock was
+    fooled, whatever the rank reported."""
+    if roofline_pct is None or size_bytes < IMPLAUSIBLE_MIN_BYTES or roofline_pct <= IMPLAUSIBLE_ROOFLINE_PCT:
+        return None
+    return (f"measured {roofline_pct:.0f} % of the {roofline_name} roofline at {size_bytes} bytes; no transfer is "
+            f"{IMPLAUSIBLE_ROOFLINE_PCT / 100:.0f}x faster than the hardware allows, so this timing cannot be right")
 
 
 class RankFailure(Exception):
@@ -367,6 +379,11 @@ class Evaluation:
         roof = self.result.roofline
         shown = algbw if self.card.performance.metric == "algbw" else busbw
         pct = 100 * shown / roof.per_rank_gbps if roof and roof.per_rank_gbps > 0 and shown > 0 else None
+        if mismatch is None and self.card.performance.metric in ("busbw", "algbw"):
+            why = implausible_timing(pct, size, roof.name if roof else "")
+            if why:
+                fastest = min(range(self.world), key=lambda r: per_rank_mean[r])
+                mismatch = Mismatch(case=case.name, rank=fastest, output="", reason="timing", detail=why)
         return SizeResult(size_bytes=size, dtype=case.dtype, count=int(case.shape[0]) if case.shape else 0,
                           iters=perf.iters, warmup=perf.warmup, time_us=t_us,
                           time_us_median=statistics.median(per_iter_max), time_us_min=min(per_iter_max),

@@ -24,6 +24,8 @@ def _mismatch_line(m: "Mismatch") -> str:
             s = f"{where}: wrong shape, expected {m.expected}, got {m.got}" if m.expected else f"{where}: {m.detail}"
     elif m.reason == "dtype":
         s = f"{where}: wrong dtype, expected {m.expected}, got {m.got}"
+    elif m.reason == "timing":
+        s = f"rank {m.rank} timed fastest: {m.detail}"
     else:
         s = f"{where}: {m.detail or m.reason}"
     if m.detail and m.reason in ("value", "nan", "shape") and m.detail not in s and not m.hidden:

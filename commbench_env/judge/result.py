@@ -32,7 +32,7 @@ class Mismatch(StrictModel):
     case: str
     rank: int
     output: str
-    reason: Literal["value", "shape", "dtype", "type", "missing", "nan", "semantics", "input_mutated"]
+    reason: Literal["value", "shape", "dtype", "type", "missing", "nan", "semantics", "input_mutated", "timing"]
     index: list[int] = Field(default_factory=list)
     expected: str = ""
     got: str = ""
