@@ -1,0 +1,55 @@
+"""How long the coordinator takes to verify one benchmark size's timed iterations, one thread against a pool.
+
+Each timed iteration is verified against its own regenerated inputs, so with nccl-tests' 20 timed calls per size
+verification grew to the largest part of a GPU evaluation (5.4 of 13.2 s for allreduce_ring at world 2). The
+coordinator checks iterations on a thread pool (`VERIFY_THREADS`); this prints both, side by side, for correct
+outputs of a real task at a GPU-sized case (every iteration is checked in full, the worst case).
+
+    python benchmarks/verify_threads.py [--task collective/allreduce_ring] [--size 16777216] [--iters 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import time
+
+from commbench_env.cards import load_task
+from commbench_env.judge import coordinator
+from commbench_env.judge.request import JudgeRequest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", default="collective/allreduce_ring")
+    ap.add_argument("--size", type=int, default=16 << 20, help="bytes (the nccl-tests size)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--world", type=int, default=2)
+    a = ap.parse_args()
+    task = load_task(a.task)
+    req = JudgeRequest(task=task.judge_spec(), mode="benchmark", world_size=a.world,
+                       secret=secrets.token_bytes(32).hex(), workdir="/nonexistent")
+    ev = coordinator.Evaluation(req)
+    case = ev.op.size_case(task.card.performance, a.size, a.world)
+    seeds = [[ev.seed("bench", a.size, it, r) for it in range(a.iters)] for r in range(a.world)]
+    samples = []
+    for it in range(a.iters):  # correct outputs: the golden results themselves
+        inputs = [ev.op.make_inputs(case, r, a.world, seeds[r][it]) for r in range(a.world)]
+        for r, outs in enumerate(ev.op.expected(case, a.world, inputs)):
+            samples.append((it, r, outs))
+    print(f"{a.task}, world {a.world}, {a.size} bytes, {a.iters} timed iterations, {os.cpu_count()} cores")
+    figures = {}
+    for threads in (1, coordinator.VERIFY_THREADS):
+        coordinator.VERIFY_THREADS = threads
+        t0 = time.perf_counter()
+        mismatch = ev.verify_samples(case, a.size, seeds, samples, True)
+        figures[threads] = time.perf_counter() - t0
+        assert mismatch is None, mismatch
+        print(f"  {threads} thread(s): {figures[threads]:.2f} s")
+    one, pool = figures[1], figures[max(figures)]
+    print(f"  ratio pool / one thread: {pool / one:.2f}")
+
+
+if __name__ == "__main__":
+    main()
