@@ -86,7 +86,8 @@ def start(filename: str, settle: Callable[[], None], prepare: Callable[[], None]
     box: list = [None, None, None]
     thread = threading.Thread(target=_serve, args=(go, done, box, filename), name="candidate", daemon=True)
     thread.start()
-    ident, park_code, current_frames, sleep, monotonic = thread.ident, _park.__code__, sys._current_frames, time.sleep, time.monotonic
+    ident, park_code, current_frames = thread.ident, _park.__code__, sys._current_frames
+    sleep, monotonic = time.sleep, time.monotonic
     threads_alive, write, exit_now = _thread._count, os.write, os._exit
     baseline = threads_alive()
     type_of, tuple_type, str_type, bool_type, length, raised = type, tuple, str, bool, len, CandidateRaised

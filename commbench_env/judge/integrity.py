@@ -3,9 +3,10 @@
 Why: Python lets any code reassign a module's function or a class's method, and no audit event reports it. The
 harness keeps running Python in the rank after every call (making inputs, sampling outputs, sending results), so a
 function it looks up there that the candidate replaced would run candidate code on the harness's thread, outside
-the sandbox. A snapshot is taken before the candidate loads; after each call (candidate_thread.start's `settle`)
-every changed or removed entry is put back, every added class attribute removed, and each one reported as a
-violation; so are the interpreter's hook lists (import finders, gc callbacks), which run on any thread. Covered: builtins, the harness's own modules and classes, and the modules and classes of torch, numpy,
+the sandbox. A snapshot is taken before the candidate loads; after each call (the `settle` given to
+candidate_thread.start) every changed or removed entry is put back, every added class attribute removed, and each
+one reported as a violation; so are the interpreter's hook lists (import finders, gc callbacks), which run on any
+thread. Covered: builtins, the harness's own modules and classes, and the modules and classes of torch, numpy,
 pydantic and the standard library that the harness calls after the candidate has run. In those foreign modules only
 functions, classes and modules are protected: their plain values (flags, counters) are library state that changes.
 
@@ -76,7 +77,9 @@ def snapshot(extra_classes: tuple[type, ...] = ()) -> Callable[[], list[str]]:
             if type(key) is not str or not (own or _guarded(value) or key in HOOKS.get(name, ())):
                 continue
             guarded.append((key, value))
-            if issubclass(type(value), type) and (getattr(value, "__module__", None) in module_names or value in extra_classes):
+            if not issubclass(type(value), type):
+                continue
+            if getattr(value, "__module__", None) in module_names or value in extra_classes:
                 classes.setdefault(id(value), value)
         groups.append((name, ns, own, list(ns.keys()), list(ns.values()), guarded))
     for cls in extra_classes:

@@ -366,7 +366,8 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
         try:
             h.load_candidate()
         except BaseException as exc:  # noqa: BLE001
-            text = exc.text if isinstance(exc, CandidateRaised) else candidate_traceback(exc, spec["card"]["entry"]["file"])
+            text = (exc.text if isinstance(exc, CandidateRaised)
+                    else candidate_traceback(exc, spec["card"]["entry"]["file"]))
             h.send({"type": "load_error", "error": text,
                     "violations": h.guard.violations, "isolation": h.isolation})
         else:
