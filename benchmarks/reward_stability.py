@@ -50,7 +50,8 @@ def main() -> None:
             rewards.append(parts.reward)
             speedups.append(parts.speedup or 0.0)
             print(f"run {i + 1:>2}: verdict {res.verdict.value}, speedup {parts.speedup or 0:.3f}, reward {parts.reward:.4f}; "
-                  f"{_times(res.benchmark)}", flush=True)
+                  f"{_times(res.benchmark)}; so far reward std {statistics.pstdev(rewards):.4f}, "
+                  f"speedup std {statistics.pstdev(speedups):.3f}", flush=True)  # a run cut short still reports
         client.close()
     print(f"\n{a.task} on {a.sandbox} (world {world}), {a.runs} runs: reward mean {statistics.mean(rewards):.4f}, "
           f"std {statistics.pstdev(rewards):.4f} (target <= 0.02); speedup mean {statistics.mean(speedups):.3f}, "
