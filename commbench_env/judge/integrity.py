@@ -23,13 +23,13 @@ import types
 from typing import Any, Callable
 
 OWN_PREFIXES = ("commbench_env",)
-FOREIGN_PREFIXES = ("pydantic", "pydantic_core")
 FOREIGN_MODULES = ("builtins", "sys", "os", "time", "socket", "struct", "json", "pickle", "threading", "_thread",
                    "functools", "linecache", "traceback", "math", "io", "hashlib", "numpy", "torch", "torch._tensor",
                    "torch.overrides", "torch.functional", "torch.random", "torch.cuda", "torch.cuda.streams",
                    "torch.distributed", "torch.distributed.distributed_c10d", "torch.profiler",
                    "torch.profiler.profiler", "torch.autograd.profiler", "torch.autograd.profiler_util", "torch._C",
-                   "gc")
+                   "torch.cuda.memory", "torch.cuda._utils", "torch._utils", "gc",
+                   "pydantic.main", "pydantic._internal._model_construction")  # CaseSpec.model_validate
 # values that are not functions but that the interpreter calls or consults on whatever thread is running
 HOOKS = {"sys": ("stdout", "stderr", "stdin", "__stdout__", "__stderr__", "meta_path", "path_hooks",
                  "path_importer_cache"), "gc": ("callbacks",)}
@@ -45,7 +45,7 @@ def _protected_modules() -> list[tuple[str, types.ModuleType, bool]]:
         if not isinstance(mod, types.ModuleType):
             continue
         own = name.startswith(OWN_PREFIXES)
-        if own or name in FOREIGN_MODULES or name.split(".")[0] in FOREIGN_PREFIXES:
+        if own or name in FOREIGN_MODULES:
             out.append((name, mod, own))
     return out
 
