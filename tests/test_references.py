@@ -66,3 +66,18 @@ def test_local_only_cheats_fail(evaluate, task, path):
 def test_every_task_has_a_wrong_submission():
     have = {t for t, _ in _submissions("wrong")}
     assert set(TASKS) <= have
+
+
+def test_pipeline_send_dict_reference_sends_one_element_strided_views():
+    """A hidden case draws strided views; a one-element one is "contiguous" with stride 2, and a byte view of it
+    failed (seen once in CI, depending on the evaluation's secret seed). The reference now copies that one."""
+    import torch
+
+    from commbench_env.cards import load_task
+
+    namespace: dict = {}
+    exec(compile(load_task("p2p/pipeline_send_dict").reference_source(), "reference.py", "exec"), namespace)
+    one = torch.arange(4, dtype=torch.float32).to(torch.bfloat16).as_strided([1], [2], 1)
+    as_bytes = namespace["_as_bytes"](one)
+    assert as_bytes.dtype == torch.uint8 and as_bytes.numel() == 2
+    assert torch.equal(as_bytes.view(torch.bfloat16), one.reshape(-1))

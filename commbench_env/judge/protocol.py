@@ -82,7 +82,10 @@ def encode_tensors(tensors: dict[str, Any]) -> tuple[list[dict[str, Any]], bytes
     meta, parts, offset = [], [], 0
     for name, t in tensors.items():
         t = t.detach().to("cpu").contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        flat = t.reshape(-1)
+        if flat.numel() and flat.stride(0) != 1:  # a one-element view is "contiguous" whatever its stride
+            flat = flat.clone(memory_format=torch.contiguous_format)
+        raw = flat.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         meta.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                      "offset": offset, "nbytes": len(raw)})
         parts.append(raw)

@@ -37,8 +37,12 @@ def decode_header(words):
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view of a contiguous tensor: every dtype travels the same way, whatever the backend supports."""
-    return t.reshape(-1).view(torch.uint8)
+    """A flat uint8 view of a contiguous tensor: every dtype travels the same way, whatever the backend supports.
+    A one-element view counts as contiguous whatever its stride, and a byte view needs stride 1: copy that one."""
+    flat = t.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
 
 
 def _post(ops: list) -> None:
