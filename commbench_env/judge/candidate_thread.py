@@ -92,15 +92,16 @@ def start(filename: str, settle: Callable[[], None], prepare: Callable[[], None]
     baseline = threads_alive()
     type_of, tuple_type, str_type, bool_type, length, raised = type, tuple, str, bool, len, CandidateRaised
     go_locked, done_acquire = go.locked, done.acquire
-    serve_frame: list = [None]
+    serve_frame = None  # the thread's one _serve frame, once seen
 
     def wait_parked() -> None:
+        nonlocal serve_frame
         polls = 0
         while True:
             frame = current_frames().get(ident)
             if (frame is not None and frame.f_code is park_code and go_locked()
-                    and (serve_frame[0] is None or frame.f_back is serve_frame[0])):
-                serve_frame[0] = frame.f_back
+                    and (serve_frame is None or frame.f_back is serve_frame)):
+                serve_frame = frame.f_back
                 return
             polls += 1
             sleep(0 if polls < 1000 else 0.0002)  # sleep(0) hands the interpreter to the candidate thread

@@ -402,11 +402,8 @@ class Evaluation:
             by_iter.setdefault(it, {})[r] = outs
         items = sorted(by_iter.items())
         workers = max(1, min(len(items), VERIFY_THREADS, os.cpu_count() or 1))
-        if workers == 1:
-            found = [self.verify_iteration(case, size, seeds, it, per_rank, full) for it, per_rank in items]
-        else:
-            with ThreadPoolExecutor(workers, thread_name_prefix="verify") as pool:
-                found = list(pool.map(lambda item: self.verify_iteration(case, size, seeds, *item, full), items))
+        with ThreadPoolExecutor(workers, thread_name_prefix="verify") as pool:
+            found = list(pool.map(lambda item: self.verify_iteration(case, size, seeds, *item, full), items))
         return next((m for m in found if m is not None), None)
 
     def verify_iteration(self, case: CaseSpec, size: int, seeds, it: int, per_rank: dict[int, dict],

@@ -16,6 +16,7 @@ The checker is a closure over locals: it must not itself look up anything the ca
 from __future__ import annotations
 
 import builtins
+import gc
 import itertools
 import operator
 import sys
@@ -34,7 +35,7 @@ FOREIGN_MODULES = ("builtins", "sys", "os", "time", "socket", "struct", "json", 
 HOOKS = {"sys": ("stdout", "stderr", "stdin", "__stdout__", "__stderr__", "meta_path", "path_hooks",
                  "path_importer_cache"), "gc": ("callbacks",)}
 HOOK_LISTS = (("sys.meta_path", lambda: sys.meta_path), ("sys.path_hooks", lambda: sys.path_hooks),
-              ("gc.callbacks", lambda: __import__("gc").callbacks))
+              ("gc.callbacks", lambda: gc.callbacks))
 MAX_REPORTED = 10
 
 

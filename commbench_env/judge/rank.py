@@ -145,8 +145,6 @@ class RankHarness:
                 device_rw=devices, scope_abstract_sockets=scope_sockets)
         import torch.profiler as tp
 
-        self.profile_type = tp.profile
-        self.tensor_type, self.dict_type, self.str_type = torch.Tensor, dict, str
         # Every object the candidate is handed or hands back goes here as soon as it exists and is dropped on the
         # candidate thread after each command (_release): the harness's thread never frees one. The collector is
         # off for the same reason; _release collects.
@@ -178,7 +176,7 @@ class RankHarness:
             raise
         finally:
             self.module = module  # kept for the process's life: it must not be freed on this thread
-        if type(fns) is not self.dict_type or not all(type(k) is self.str_type and callable(v) for k, v in fns.items()):
+        if type(fns) is not dict or not all(type(k) is str and callable(v) for k, v in fns.items()):
             self.bury(fns)
             raise RuntimeError("the submission's module did not hand back plain functions")
         self.fns = fns
@@ -221,8 +219,8 @@ class RankHarness:
                 self.guard.record("sandbox", f"access denied by the sandbox: {exc.text.splitlines()[-1]}")
             raise
         for out in outs:  # the golden op returns plain tensors; anything else means its code was tampered with
-            if type(out) is not self.dict_type or not all(
-                    type(k) is self.str_type and type(v) is self.tensor_type for k, v in out.items()):
+            if type(out) is not dict or not all(
+                    type(k) is str and type(v) is self.torch.Tensor for k, v in out.items()):
                 raise RuntimeError("the submission's outputs were not plain tensors")
         return outs, spans
 
@@ -313,7 +311,7 @@ class RankHarness:
         finally:
             self.profiler.enabled = False
         prof = profs[0]
-        if type(prof) is not self.profile_type:
+        if type(prof) is not tp.profile:
             raise RuntimeError("the profiler was replaced by the submission")
         rows = []
         for label, times in self.profiler.stats.items():
