@@ -3,7 +3,10 @@
 nccl-tests must already be built (from its public source, outside this repository); point --nccl-tests-bin at its
 build folder. For each of all_reduce, all_gather, reduce_scatter, alltoall and sendrecv this runs the nccl-tests
 binary (one process, all GPUs) and our judge on a submission that calls the matching torch.distributed op, then
-prints busbw side by side and the ratio; target: within +-5 % at sizes >= 64 MiB.
+prints busbw side by side and the ratio; target: within +-5 % at sizes >= 64 MiB. A third column times the same
+submission in a bare torch loop (one process per GPU, CUDA events, the same warm-up and timed calls, no judge):
+judge / torch loop is the judge's own overhead, torch loop / nccl-tests is what torch's op costs over NCCL's (for
+alltoall, torch issues grouped send/recv while nccl-tests >= 2.19 calls NCCL's own ncclAlltoAll).
 
 Then, for reference quality, every task reference whose golden op is one of those five (and whose metric is a
 bandwidth) is judged in `cuda` mode at the card's sizes of 64 MiB and more: its busbw as a fraction of
@@ -18,13 +21,19 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
+import time
+import socket
 import subprocess
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from commbench_env.cards import Task, TaskCard, select_tasks
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from commbench_env.cards import Task, TaskCard, busbw_factor, select_tasks
+from commbench_env.golden import get_op
 from commbench_env.judge.client import JudgeClient
 from commbench_env.sandbox import open_sandbox
 
@@ -83,6 +92,58 @@ def nccl_tests(binary: Path, gpus: int, sizes: list[int], iters: int, warmup: in
     return res
 
 
+def _torch_loop_rank(rank: int, world: int, port: int, op: str, sizes: list[int], iters: int, warmup: int,
+                     out: dict) -> None:
+    """One rank of the bare loop: the judge's inputs for each size, `warmup` calls, then `iters` calls timed
+    back-to-back with CUDA events (mean over calls); rank 0 keeps the max over ranks. Without a GPU (a dry run of
+    this script's code) it runs on gloo with the host clock."""
+    _, golden, fn_name, body, _ = OPS[op]
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, device_id=device if gpu else None)
+    ns: dict = {"torch": torch, "dist": dist}
+    exec(compile(body, f"<{op} submission>", "exec"), ns)
+    fn, g = ns[fn_name], get_op(golden)
+    task = calibration_task(op, sizes, iters, warmup)
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    for size in sizes:
+        case = g.size_case(task.card.performance, size, world)
+        x = g.make_inputs(case, rank, world, 1234 + rank)["x"].to(device)
+        for _ in range(warmup):
+            fn(x)
+        sync()
+        dist.barrier()
+        if gpu:
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            marks[0].record()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn(x)
+        if gpu:
+            marks[1].record()
+        sync()
+        us = marks[0].elapsed_time(marks[1]) * 1e3 if gpu else (time.perf_counter() - t0) * 1e6
+        t = torch.tensor([us / iters], dtype=torch.float64, device=device)  # per call
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            out[size] = g.metric_bytes(case, world) / (t.item() * 1e-6) / 1e9 * busbw_factor(g.nccl_op, world)
+    dist.destroy_process_group()
+
+
+def torch_loop(op: str, gpus: int, sizes: list[int], iters: int, warmup: int) -> dict[int, float]:
+    """size -> busbw in GB/s of the submission's op timed by a bare torch loop (no judge)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_torch_loop_rank, args=(gpus, port, op, sizes, iters, warmup, out), nprocs=gpus)
+        return dict(out)
+
+
 def reference_rows(client: JudgeClient, gpus: int, ops: list[str], nccl: dict[str, dict[int, tuple[float, float]]],
                    min_size: int, rows: list[tuple[str, ...]], written: Callable[[], None]) -> None:
     """Each matching task reference's busbw against nccl-tests (out-of-place) at the card's sizes >= min_size,
@@ -139,21 +200,24 @@ def main() -> None:
         for op in a.ops.split(","):
             binary, _, fn, body, in_place = OPS[op]
             ref = nccl[op] = nccl_tests(Path(a.nccl_tests_bin) / binary, gpus, sizes, a.iters, a.warmup)
+            bare = torch_loop(op, gpus, sizes, a.iters, a.warmup)
             task = calibration_task(op, sizes, a.iters, a.warmup)
             src = "import torch\nimport torch.distributed as dist\n\n\n" + body
             res = client.evaluate(task, {"solution.py": src}, "benchmark", gpus, device_mode="cuda", timeout_s=600)
             if res.verdict.value != "pass":
-                rows.append((op, "-", "-", "-", "-", f"judge: {res.verdict.value}: {res.summary[:80]}"))
+                rows.append((op, "-", "-", "-", "-", "-", "-", "-", f"judge: {res.verdict.value}: {res.summary[:80]}"))
                 written()
                 continue
             for s in res.benchmark:
                 oop, ip = ref.get(s.size_bytes, (0.0, 0.0))
-                theirs = ip if in_place else oop
+                theirs, loop = ip if in_place else oop, bare.get(s.size_bytes, 0.0)
                 ratio = s.busbw_gbps / theirs if theirs else float("nan")
-                rows.append((op, f"{s.size_bytes >> 20} MiB", f"{theirs:.1f}", f"{s.busbw_gbps:.1f}", f"{ratio:.3f}",
+                rows.append((op, f"{s.size_bytes >> 20} MiB", f"{theirs:.1f}", f"{loop:.1f}", f"{s.busbw_gbps:.1f}",
+                             f"{ratio:.3f}", f"{s.busbw_gbps / loop:.3f}" if loop else "-",
+                             f"{loop / theirs:.3f}" if loop and theirs else "-",
                              "in-place" if in_place else "out-of-place"))
-                print(f"{op:<15} {s.size_bytes >> 20:>6} MiB  nccl-tests {theirs:8.1f}  judge {s.busbw_gbps:8.1f}  "
-                      f"ratio {ratio:.3f}", flush=True)
+                print(f"{op:<15} {s.size_bytes >> 20:>6} MiB  nccl-tests {theirs:8.1f}  torch loop {loop:8.1f}  "
+                      f"judge {s.busbw_gbps:8.1f}  judge/nccl-tests {ratio:.3f}", flush=True)
             written()
         if not a.no_references:
             reference_rows(client, gpus, a.ops.split(","), nccl, 64 << 20, ref_rows, written)
@@ -163,7 +227,8 @@ def main() -> None:
 
 
 def report(rows: list[tuple[str, ...]], ref_rows: list[tuple[str, ...]], gpus: int, iters: int, warmup: int) -> str:
-    head = ["op", "size", "nccl-tests busbw GB/s", "judge busbw GB/s", "judge / nccl-tests", "note"]
+    head = ["op", "size", "nccl-tests busbw GB/s", "torch loop busbw GB/s", "judge busbw GB/s", "judge / nccl-tests",
+            "judge / torch loop", "torch loop / nccl-tests", "note"]
     md = [f"# Judge vs nccl-tests, {gpus} x {torch.cuda.get_device_name(0)}",
           f"- {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; nccl-tests -g {gpus} -n {iters} -w {warmup}; "

@@ -22,8 +22,10 @@ from commbench_env.sandbox import open_sandbox
 
 
 def _times(sizes) -> str:
-    """Median time per call at each benchmark size (what the reward compares), to show which sizes move."""
-    return ", ".join(f"{s.size_bytes / 2**20:g} MiB {s.time_us_median:.0f} us" for s in sizes)
+    """Median time per call at each benchmark size (what the reward compares), to show which sizes move; with
+    the fastest call and each rank's mean, to tell a slow evaluation from slow calls and a late rank."""
+    return ", ".join(f"{s.size_bytes / 2**20:g} MiB {s.time_us_median:.0f} us (min {s.time_us_min:.0f}, ranks "
+                     f"{'/'.join(f'{t:.0f}' for t in s.per_rank_mean_us)})" for s in sizes)
 
 
 def main() -> None:

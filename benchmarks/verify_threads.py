@@ -1,9 +1,12 @@
-"""How long the coordinator takes to verify one benchmark size's timed iterations, one thread against a pool.
+"""How long the coordinator takes to verify one benchmark size's timed iterations, one thread against a pool;
+and how long the device host (`cuda` tasks) takes to make the inputs of all of that size's calls, likewise.
 
 Each timed iteration is verified against its own regenerated inputs, so with nccl-tests' 20 timed calls per size
 verification grew to the largest part of a GPU evaluation (5.4 of 13.2 s for allreduce_ring at world 2). The
 coordinator checks iterations on a thread pool (`VERIFY_THREADS`); this prints both, side by side, for correct
 outputs of a real task at a GPU-sized case (every iteration is checked in full, the worst case).
+
+The device host makes every call's inputs on the CPU (judge/staging.py: a batch at a time on a pool).
 
     python benchmarks/verify_threads.py [--task collective/allreduce_ring] [--size 16777216] [--iters 20]
 """
@@ -16,7 +19,7 @@ import secrets
 import time
 
 from commbench_env.cards import load_task
-from commbench_env.judge import coordinator
+from commbench_env.judge import coordinator, staging
 from commbench_env.judge.request import JudgeRequest
 
 
@@ -49,6 +52,21 @@ def main() -> None:
         print(f"  {threads} thread(s): {figures[threads]:.2f} s")
     one, pool = figures[1], figures[max(figures)]
     print(f"  ratio pool / one thread: {pool / one:.2f}")
+
+    calls = a.iters + task.card.performance.gpu_warmup
+    print(f"device host input staging, {calls} calls (warm-up included)")
+
+    def make(it: int) -> list:
+        return [ev.op.make_inputs(case, r, a.world, seeds[r][it % a.iters]) for r in range(a.world)]
+
+    staged = {}
+    for threads in (1, staging.STAGING_THREADS):
+        t0 = time.perf_counter()
+        for _ in staging.in_batches(make, range(calls), threads):
+            pass
+        staged[threads] = time.perf_counter() - t0
+        print(f"  {threads} thread(s): {staged[threads]:.2f} s")
+    print(f"  ratio pool / one thread: {staged[staging.STAGING_THREADS] / staged[1]:.2f}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from . import isolate
 from .device import HIDDEN_WORK_NS, WarmUp, cudart_library, reset_persisting_l2, sleep_cycles
 from .protocol import encode_tensors, recv_msg, send_msg
+from .staging import in_batches
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
 GATE_HOLD_S = 0.5  # longest the gate waits for every rank's host thread (an entry point that blocks its host)
@@ -160,14 +161,17 @@ class DeviceHost:
         self.fn = self.fns[self.card["entry"]["functions"][0]]
 
     # -- buffers -------------------------------------------------------------------------------------
-    def prepare(self, case, seeds: list[int], out_specs: list[dict]) -> list[dict]:
-        """Allocate and fill every rank's buffers for one call."""
+    def host_inputs(self, case, seeds: list[int]) -> list[dict]:
+        """Every rank's inputs for one call, made on the CPU from its seed (no CUDA work: safe on any thread)."""
+        return [self.op.make_inputs(case, r, self.world, int(seed)) for r, seed in enumerate(seeds)]
+
+    def prepare(self, case, host: list[dict], out_specs: list[dict]) -> list[dict]:
+        """Allocate and fill every rank's buffers for one call, from its inputs made by `host_inputs`."""
         torch = self.torch
         from ..golden.base import DTYPE_MAP
 
         bufs = []
-        for r, (seed, dev) in enumerate(zip(seeds, self.devices)):
-            host_inputs = self.op.make_inputs(case, r, self.world, int(seed))
+        for r, (host_inputs, dev) in enumerate(zip(host, self.devices)):
             dv = torch.device("cuda", dev)
             inputs = {k: v.to(dv).contiguous() for k, v in host_inputs.items()}
             outs = {}
@@ -334,7 +338,7 @@ class DeviceHost:
         send_msg(self.sock, header, blob)
 
     def run_check(self, msg: dict, case) -> None:
-        bufs = self.prepare(case, msg["seeds"], msg["out_specs"])
+        bufs = self.prepare(case, self.host_inputs(case, msg["seeds"]), msg["out_specs"])
         self.scratch_for(bufs)
         ns = self.call_all(self.args_for(case, bufs))
         meta, blob = encode_tensors(self.outputs(bufs))
@@ -345,8 +349,10 @@ class DeviceHost:
         warmup = int(msg["warmup"])
         seeds = msg["seeds"]  # [rank][iteration]
         scratch_ready = None
-        for it in range(len(seeds[0])):
-            bufs = self.prepare(case, [seeds[r][it] for r in range(self.world)], msg["out_specs"])
+        calls = in_batches(lambda it: self.host_inputs(case, [seeds[r][it] for r in range(self.world)]),
+                           range(len(seeds[0])))
+        for it, host in enumerate(calls):
+            bufs = self.prepare(case, host, msg["out_specs"])
             if scratch_ready is None:
                 self.scratch_for(bufs)
                 scratch_ready = [(b["scratch"], b["flags"]) for b in bufs]
@@ -362,12 +368,12 @@ class DeviceHost:
             for r, b in enumerate(bufs):
                 gen = torch.Generator().manual_seed(int(ask["sample_seed"]))  # the coordinator draws alike per rank
                 for name, t in sorted(b["outs"].items()):
-                    flat = t.detach().reshape(-1).cpu()
-                    if flat.numel():
+                    flat = t.detach().reshape(-1)
+                    if flat.numel():  # gathered on the GPU: only the samples cross to the host
                         idx = torch.randint(0, flat.numel(), (min(256, flat.numel()),), generator=gen)
-                        sampled[f"{r}/{name}"] = flat[idx].clone()
+                        sampled[f"{r}/{name}"] = flat[idx.to(flat.device)].cpu()
                     else:
-                        sampled[f"{r}/{name}"] = flat
+                        sampled[f"{r}/{name}"] = flat.cpu()
                     sampled[f"{r}/{name}#numel"] = torch.tensor([flat.numel()])
             meta, blob = encode_tensors(sampled)
             self.send({"type": "samples", "it": it, "outputs": meta}, blob)
@@ -376,7 +382,7 @@ class DeviceHost:
         """One warm-up call, then one call under the torch profiler: a table of GPU kernels per rank."""
         import torch.profiler as tp
 
-        bufs = self.prepare(case, msg["seeds"], msg["out_specs"])
+        bufs = self.prepare(case, self.host_inputs(case, msg["seeds"]), msg["out_specs"])
         self.scratch_for(bufs)
         self.call_all(self.args_for(case, bufs))
         with tp.profile(activities=[tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA]) as prof:
