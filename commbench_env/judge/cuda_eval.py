@@ -40,9 +40,12 @@ class DeviceHostEvaluation(Evaluation):
         return spec
 
     def start_line_library(self) -> str:
-        """The judge's start-line kernel (cuda/start_line.cu), which aligns every rank's clock; cached."""
+        """The judge's start-line kernel (cuda/start_line.cu), which aligns every rank's clock; cached.
+        COMMBENCH_START_LINE=0 leaves it out (to measure what it changes, as benchmarks/start_line_ab.py does)."""
         from .cuda_build import build_start_line
 
+        if os.environ.get("COMMBENCH_START_LINE", "1") == "0":
+            return ""
         assert self.card.cuda is not None
         b = build_start_line(card_arch=self.card.cuda.arch, cache_dir=self.cuda_cache_dir())
         if not b.ok:
