@@ -12,9 +12,8 @@ from .judge.result import SizeResult, Verdict
 from .paths import cache_dir
 
 # Bump when the judge's way of timing changes: a figure measured one way must never be the yardstick for another
-# (2: GPU calls timed back-to-back after a warm-up, nccl-tests' iteration counts on GPUs, median of 3 runs;
-# 3: `cuda` tasks start every rank's clock together, behind the judge's start-line barrier).
-TIMING_VERSION = 3
+# (2: GPU calls timed back-to-back after a warm-up, nccl-tests' iteration counts on GPUs, median of 3 runs).
+TIMING_VERSION = 2
 GPU_RUNS = 3  # reference runs on a GPU; each size keeps its median run (one run's outliers moved rewards by 0.04)
 
 

@@ -113,16 +113,14 @@ class Evaluation:
             self.result.summary = (rep.log.splitlines() or ["compile error"])[-1]
         return False
 
-    def cuda_cache_dir(self) -> Path:
-        return Path(self.req.cache_dir) if self.req.cache_dir else self.workdir.parent / "cuda-cache"
-
     def build_cuda(self, path: Path, t0: float) -> bool:
         from .cuda_build import build
 
         spec = self.card.cuda
         assert spec is not None
+        cache = Path(self.req.cache_dir) if self.req.cache_dir else self.workdir.parent / "cuda-cache"
         b = build(path, card_arch=spec.arch, links=spec.links, extra_flags=spec.nvcc_flags,
-                  functions=self.card.entry.functions, cache_dir=self.cuda_cache_dir())
+                  functions=self.card.entry.functions, cache_dir=cache)
         self.library = b.library
         log = "\n".join(x for x in (b.log, "\n".join(b.ptxas)) if x)
         violations = [Violation(**v) for v in b.violations] if self.req.static_check else []

@@ -18,7 +18,6 @@ from functools import lru_cache
 from pathlib import Path
 
 HEADER_DIR = Path(__file__).parent / "cuda"
-START_LINE_SOURCE = HEADER_DIR / "start_line.cu"
 BASE_FLAGS = ["-O3", "-lineinfo", "-Xptxas", "-v", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart=shared"]
 
 # Symbols a candidate library may not import, whatever the card allows: loaders, processes, files, sockets.
@@ -101,12 +100,6 @@ def check_symbols(symbols: list[str], links: list[str]) -> list[dict]:
                 violations.append({"rule": "forbidden_symbol", "where": "static",
                                    "detail": f"the library calls {sym!r} from {lib}, which this task does not allow"})
     return violations
-
-
-def build_start_line(*, card_arch: str, cache_dir: Path) -> BuildResult:
-    """The judge's own start-line kernel (cuda/start_line.cu), built and cached like a candidate's library."""
-    return build(START_LINE_SOURCE, card_arch=card_arch, links=[], extra_flags=[], functions=["cb_start_line"],
-                 cache_dir=cache_dir)
 
 
 def build(source_path: Path, *, card_arch: str, links: list[str], extra_flags: list[str], functions: list[str],

@@ -35,22 +35,9 @@ class DeviceHostEvaluation(Evaluation):
     def host_spec(self, timeout_s: float) -> dict[str, Any]:
         """What a device host is started with: the card without its cases (hidden shapes stay here)."""
         spec = {"card": self.card.model_dump(mode="json"), "timeout_s": timeout_s, "landlock": self.req.landlock,
-                "device_mode": self.req.device_mode, "start_line": self.start_line_library()}
+                "device_mode": self.req.device_mode}
         spec["card"]["cases"] = []
         return spec
-
-    def start_line_library(self) -> str:
-        """The judge's start-line kernel (cuda/start_line.cu), which aligns every rank's clock; cached.
-        COMMBENCH_START_LINE=0 leaves it out (to measure what it changes, as benchmarks/start_line_ab.py does)."""
-        from .cuda_build import build_start_line
-
-        if os.environ.get("COMMBENCH_START_LINE", "1") == "0":
-            return ""
-        assert self.card.cuda is not None
-        b = build_start_line(card_arch=self.card.cuda.arch, cache_dir=self.cuda_cache_dir())
-        if not b.ok:
-            raise RankFailure(Verdict.infra_error, f"the judge's own start-line kernel did not build: {b.log[-500:]}")
-        return b.library
 
     def launch(self) -> None:
         from .device_host import device_host_main

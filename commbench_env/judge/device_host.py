@@ -41,43 +41,6 @@ class CbArgs(ctypes.Structure):
                 ("aux_out", _P * MAX_AUX), ("aux_out_count", ctypes.c_int64 * MAX_AUX)]
 
 
-class StartLineArgs(ctypes.Structure):
-    """Mirror of `cb_start_line_args` in cuda/start_line.cu."""
-
-    _fields_ = [("lines", _P * MAX_RANKS), ("world", ctypes.c_int32), ("rank", ctypes.c_int32),
-                ("epoch", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("timeout_ns", ctypes.c_uint64)]
-
-
-class StartLine:
-    """The judge's barrier kernel between the host gate and each rank's start event (why: cuda/start_line.cu).
-
-    Loaded before the candidate's library; each rank's line is a few words of its own device memory that the
-    candidate is never given."""
-
-    TIMEOUT_NS = 1_000_000_000
-
-    def __init__(self, torch: Any, library: str, devices: list[int]):
-        fn = ctypes.CDLL(library).cb_start_line
-        fn.argtypes = [ctypes.POINTER(StartLineArgs), ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        self._fn = fn
-        self.lines = [torch.zeros(MAX_RANKS, dtype=torch.int32, device=torch.device("cuda", d)) for d in devices]
-        self.args = []
-        for r in range(len(devices)):
-            a = StartLineArgs(world=len(devices), rank=r, timeout_ns=self.TIMEOUT_NS)
-            for p, line in enumerate(self.lines):
-                a.lines[p] = line.data_ptr()
-            self.args.append(a)
-
-    def queue(self, rank: int, epoch: int, stream: int) -> None:
-        """Queue rank `rank`'s barrier on its stream (from the rank's host thread, its device current)."""
-        a = self.args[rank]
-        a.epoch = epoch
-        rc = self._fn(ctypes.byref(a), ctypes.c_void_p(stream))
-        if rc != 0:
-            raise RuntimeError(f"the judge's start-line kernel failed to launch (CUDA error {rc})")
-
-
 class HostGate:
     """Holds streams until the host says go: cuStreamWaitValue32 on a word of mapped, pinned host memory.
 
@@ -157,8 +120,6 @@ class DeviceHost:
                 self.warm_streams[d] = torch.cuda.Stream(device=d)
                 self.warm_ups[d] = WarmUp(torch, torch.device("cuda", d))
         self.fallback_cycles = sleep_cycles(torch, self.distinct[0], 2e-3)
-        line_lib = spec.get("start_line")
-        self.start_line = StartLine(torch, line_lib, self.devices) if line_lib else None
         self.library_path = library
         self.epoch = 0
         self.timeout_s = float(spec["timeout_s"])
@@ -307,8 +268,6 @@ class DeviceHost:
                 torch.cuda.set_device(self.devices[r])
                 s = self.streams[r]
                 s.wait_event(ready[self.devices[r]])
-                if self.start_line is not None:  # every rank's clock starts together, whenever its GPU saw the gate
-                    self.start_line.queue(r, self.epoch, s.cuda_stream)
                 starts[r].record(s)
                 rcs[r] = self.fn(ctypes.byref(args[r]), ctypes.c_void_p(s.cuda_stream))
                 dones[r].record(s)
@@ -431,7 +390,7 @@ class DeviceHost:
         rows = []
         for e in prof.key_averages():
             t = float(getattr(e, "self_device_time_total", 0.0))
-            if t > 0 and "spin_kernel" not in e.key and "start_line" not in e.key:  # the harness's, not the candidate's
+            if t > 0 and "spin_kernel" not in e.key:  # the harness's start gate is not the candidate's
                 rows.append({"name": e.key[:120], "kind": "comm" if "nccl" in e.key.lower() else "compute",
                              "calls": int(e.count), "total_us": t, "mean_us": t / max(1, int(e.count))})
         rows.sort(key=lambda r: r["total_us"], reverse=True)
