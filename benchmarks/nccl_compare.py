@@ -232,7 +232,7 @@ def report(rows: list[tuple[str, ...]], ref_rows: list[tuple[str, ...]], gpus: i
     md = [f"# Judge vs nccl-tests, {gpus} x {torch.cuda.get_device_name(0)}",
           f"- {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; nccl-tests -g {gpus} -n {iters} -w {warmup}; "
-          f"judge: {warmup} warm-up and {iters} timed calls back-to-back after the judge's start line and warm-up, "
+          f"judge: {warmup} warm-up and {iters} timed calls back-to-back after the judge's barrier and warm-up, "
           "mean over calls, max over ranks", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
     if ref_rows:
