@@ -1,4 +1,5 @@
-"""How long the coordinator takes to verify one benchmark size's timed iterations, one thread against a pool;
+"""How long the coordinator takes to verify one benchmark size's timed iterations, one thread against a pool, and
+for sampled outputs, with the op's full expected outputs against only the sampled positions (`expected_samples`);
 and how long the device host (`cuda` tasks) takes to make the inputs of all of that size's calls, likewise.
 
 Each timed iteration is verified against its own regenerated inputs, so with nccl-tests' 20 timed calls per size
@@ -18,7 +19,10 @@ import os
 import secrets
 import time
 
+import torch
+
 from commbench_env.cards import load_task
+from commbench_env.golden.base import GoldenOp
 from commbench_env.judge import coordinator, staging
 from commbench_env.judge.request import JudgeRequest
 
@@ -41,6 +45,7 @@ def main() -> None:
         inputs = [ev.op.make_inputs(case, r, a.world, seeds[r][it]) for r in range(a.world)]
         for r, outs in enumerate(ev.op.expected(case, a.world, inputs)):
             samples.append((it, r, outs))
+    own_samples = type(ev.op).expected_samples is not GoldenOp.expected_samples
     print(f"{a.task}, world {a.world}, {a.size} bytes, {a.iters} timed iterations, {os.cpu_count()} cores")
     figures = {}
     for threads in (1, coordinator.VERIFY_THREADS):
@@ -52,6 +57,26 @@ def main() -> None:
         print(f"  {threads} thread(s): {figures[threads]:.2f} s")
     one, pool = figures[1], figures[max(figures)]
     print(f"  ratio pool / one thread: {pool / one:.2f}")
+
+    # what a benchmark does: the ranks send samples of each output; the pool checks them
+    sampled = []
+    for it, r, _ in samples:
+        if r == 0:
+            inputs = [ev.op.make_inputs(case, q, a.world, seeds[q][it]) for q in range(a.world)]
+            for q, outs in enumerate(ev.sampled_expectation(case, a.size, it, inputs)):
+                sampled.append((it, q, {**{n: v for n, (_, _, v) in outs.items()},
+                                        **{n + "#numel": torch.tensor([k]) for n, (k, _, _) in outs.items()}}))
+    print(f"sampled verification ({coordinator.VERIFY_THREADS} threads): the op's outputs in full, then indexed, "
+          f"against computed at the samples only{'' if own_samples else ' (this op has no sampled form)'}")
+    timed = {}
+    for label, hook in (("in full", GoldenOp.expected_samples), ("at the samples", type(ev.op).expected_samples)):
+        type(ev.op).expected_samples = hook
+        t0 = time.perf_counter()
+        mismatch = ev.verify_samples(case, a.size, seeds, sampled, False)
+        timed[label] = time.perf_counter() - t0
+        assert mismatch is None, mismatch
+        print(f"  {label}: {timed[label]:.2f} s")
+    print(f"  ratio at the samples / in full: {timed['at the samples'] / timed['in full']:.2f}")
 
     calls = a.iters + task.card.performance.gpu_warmup
     print(f"device host input staging, {calls} calls (warm-up included)")

@@ -114,6 +114,16 @@ class GoldenOp:
         """The correct outputs of every rank, computed in high precision."""
         raise NotImplementedError
 
+    def expected_samples(self, case: "CaseSpec", world: int, inputs: list[Tensors],
+                         pick: Callable[[int, str, int], torch.Tensor]) -> list[Tensors] | None:
+        """The correct outputs at a few positions only, for checking samples of timed calls; None: not supported,
+        the coordinator then computes `expected` in full and indexes it.
+
+        `pick(rank, name, numel)` returns the flat positions of output `name` of `rank` (whose size is `numel`) to
+        compute. Call it for every rank and every output, in sorted name order within a rank: the rank drew its
+        samples in that order. Return, per rank, name -> the values at those positions (as `expected` would give)."""
+        return None
+
     def verify(self, case: "CaseSpec", world: int, inputs: list[Tensors], outputs: list[Tensors],
                tol: tuple[float, float]) -> "dict | None":
         """First mismatch as a dict for `Mismatch`, or None. Default: compare against `expected`."""

@@ -48,6 +48,15 @@ class AllReduceSum(GoldenOp):
         total = narrow(torch.stack([wide(i["x"]) for i in inputs]).sum(0), case.dtype)
         return [{"y": total} for _ in range(world)]
 
+    def expected_samples(self, case, world, inputs, pick):
+        numel = _numel(case.shape)
+        flats = [i["x"].reshape(-1) for i in inputs]
+        out = []
+        for r in range(world):
+            idx = pick(r, "y", numel)
+            out.append({"y": narrow(torch.stack([wide(f[idx]) for f in flats]).sum(0), case.dtype)})
+        return out
+
 
 def _blocks_shape(case, world: int) -> list[int]:
     """Shape of a tensor of `world` blocks stacked along dim 0, each block of the case shape."""

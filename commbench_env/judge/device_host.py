@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from . import isolate
 from .device import HIDDEN_WORK_NS, WarmUp, cudart_library, reset_persisting_l2, sleep_cycles
-from .protocol import encode_tensors, recv_msg, send_msg
+from .protocol import SAMPLES_PER_OUTPUT, encode_tensors, recv_msg, send_msg
 from .staging import in_batches
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
@@ -370,7 +370,7 @@ class DeviceHost:
                 for name, t in sorted(b["outs"].items()):
                     flat = t.detach().reshape(-1)
                     if flat.numel():  # gathered on the GPU: only the samples cross to the host
-                        idx = torch.randint(0, flat.numel(), (min(256, flat.numel()),), generator=gen)
+                        idx = torch.randint(0, flat.numel(), (min(SAMPLES_PER_OUTPUT, flat.numel()),), generator=gen)
                         sampled[f"{r}/{name}"] = flat[idx.to(flat.device)].cpu()
                     else:
                         sampled[f"{r}/{name}"] = flat.cpu()

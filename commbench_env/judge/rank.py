@@ -17,10 +17,9 @@ from . import candidate_thread, integrity, isolate
 from .candidate_thread import CandidateRaised, candidate_traceback
 from .device import RankDevice
 from .guard import CommProfiler, Guard, install_audit_hook, install_tripwires
-from .protocol import encode_tensors, recv_msg, send_msg
+from .protocol import SAMPLES_PER_OUTPUT, encode_tensors, recv_msg, send_msg
 from .rules import expand_forbidden
 
-SAMPLES_PER_OUTPUT = 256
 MAX_VIOLATIONS = 50
 
 
