@@ -13,7 +13,7 @@ from commbench_env.golden.base import GoldenOp
 from commbench_env.judge import coordinator
 from commbench_env.judge.request import JudgeRequest
 
-TASKS = ["collective/allreduce_twoshot", "fusion/allreduce_residual_rmsnorm"]
+TASKS = ["collective/allreduce_twoshot", "fusion/allreduce_residual_rmsnorm", "collective/reduce_scatter_mesh"]
 
 
 def _evaluation(task_id: str, world: int) -> coordinator.Evaluation:

@@ -127,6 +127,15 @@ class ReduceScatterSum(GoldenOp):
         total = torch.stack([wide(i["x"]) for i in inputs]).sum(0)
         return [{"y": narrow(total[r * m:(r + 1) * m], case.dtype)} for r in range(world)]
 
+    def expected_samples(self, case, world, inputs, pick):
+        block = _numel(case.shape)  # rank r's output is block r of every input, summed
+        flats = [i["x"].reshape(-1) for i in inputs]
+        out = []
+        for r in range(world):
+            idx = pick(r, "y", block) + r * block
+            out.append({"y": narrow(torch.stack([wide(f[idx]) for f in flats]).sum(0), case.dtype)})
+        return out
+
     def size_case(self, perf, size_bytes, world):
         return _per_rank_case(perf, size_bytes, world, f"bench-{size_bytes}")
 
