@@ -13,7 +13,11 @@ from commbench_env.golden.base import GoldenOp
 from commbench_env.judge import coordinator
 from commbench_env.judge.request import JudgeRequest
 
-TASKS = ["collective/allreduce_twoshot", "fusion/allreduce_residual_rmsnorm", "collective/reduce_scatter_mesh"]
+# task -> whether the sampled values are bit-identical (same sums in the same order) or only equal to rounding
+# (a matmul's dot products in another order: the float64 sums may differ in their last bit before narrowing)
+TASKS = {"collective/allreduce_twoshot": True, "fusion/allreduce_residual_rmsnorm": True,
+         "collective/reduce_scatter_mesh": True, "fusion/vocab_parallel_cross_entropy": True,
+         "fusion/allgather_matmul": False, "fusion/matmul_reduce_scatter": False}
 
 
 def _evaluation(task_id: str, world: int) -> coordinator.Evaluation:
@@ -30,7 +34,7 @@ def _cases(task_id: str, world: int):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("task_id", TASKS)
+@pytest.mark.parametrize("task_id", sorted(TASKS))
 def test_sampled_values_match_the_full_expectation(task_id, world, monkeypatch):
     ev = _evaluation(task_id, world)
     assert type(ev.op).expected_samples is not GoldenOp.expected_samples, "this op should sample cheaply"
@@ -47,7 +51,8 @@ def test_sampled_values_match_the_full_expectation(task_id, world, monkeypatch):
                 s_numel, s_idx, s_values = slow[r][name]
                 assert numel == s_numel and torch.equal(idx, s_idx), case.name
                 assert values.dtype == s_values.dtype and values.shape == s_values.shape, case.name
-                torch.testing.assert_close(values, s_values, rtol=0, atol=0, msg=f"{task_id} {case.name} rank {r}")
+                exact = {"rtol": 0, "atol": 0} if TASKS[task_id] else {}  # else: torch's defaults for the dtype
+                torch.testing.assert_close(values, s_values, **exact, msg=f"{task_id} {case.name} rank {r}")
 
 
 def test_a_wrong_sampled_value_is_caught_with_its_rank_and_position():

@@ -14,6 +14,11 @@ def _elem(dtype: str) -> int:
     return torch.empty((), dtype=to_dtype(dtype)).element_size()
 
 
+def _dots(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """rows[s] . cols[:, s] for every s, in float64: single entries of a product without the whole product."""
+    return (wide(rows) * wide(cols).T).sum(dim=1)
+
+
 def _check_mkn(case) -> None:
     if len(case.shape) != 3 or any(int(s) < 1 for s in case.shape):
         raise ValueError(f"shape must be [m, k, n] with every size >= 1, got {case.shape}")
@@ -47,6 +52,15 @@ class AllGatherMatmul(GoldenOp):
     def expected(self, case, world, inputs):
         x = torch.cat([wide(i["x"]) for i in inputs])
         return [{"y": narrow(x @ wide(i["w"]), case.dtype)} for i in inputs]
+
+    def expected_samples(self, case, world, inputs, pick):
+        m, _, n = (int(s) for s in case.shape)
+        x = torch.cat([i["x"] for i in inputs])
+        out = []
+        for r, i in enumerate(inputs):
+            idx = pick(r, "y", world * m * n)
+            out.append({"y": narrow(_dots(x[idx // n], i["w"][:, idx % n]), case.dtype)})
+        return out
 
     def size_case(self, perf, size_bytes, world):
         """`size_bytes` is the gathered input, world * m * k elements (the nccl-tests all-gather size)."""
@@ -94,6 +108,15 @@ class MatmulReduceScatter(GoldenOp):
         m = int(case.shape[0])
         total = sum(wide(i["a"]) @ wide(i["b"]) for i in inputs)
         return [{"y": narrow(total[r * m:(r + 1) * m].clone(), case.dtype)} for r in range(world)]
+
+    def expected_samples(self, case, world, inputs, pick):
+        m, _, n = (int(s) for s in case.shape)
+        out = []
+        for r in range(world):
+            idx = pick(r, "y", m * n)
+            rows, cols = r * m + idx // n, idx % n
+            out.append({"y": narrow(sum(_dots(i["a"][rows], i["b"][:, cols]) for i in inputs), case.dtype)})
+        return out
 
     def size_case(self, perf, size_bytes, world):
         """`size_bytes` is the partial product each rank reduces, world * m * n elements (the nccl-tests size)."""
@@ -157,10 +180,18 @@ class VocabParallelCrossEntropy(GoldenOp):
         return {"loss": expect_tensor(loss, "vocab_parallel_cross_entropy's return value")}
 
     def expected(self, case, world, inputs):
-        full = torch.cat([wide(i["logits_shard"]) for i in inputs], dim=1)
-        t = inputs[0]["targets"]
+        return [{"loss": self._loss(case, inputs, slice(None))} for _ in range(world)]
+
+    def expected_samples(self, case, world, inputs, pick):
+        """Only the sampled rows' log-sum-exp."""
+        b = int(case.shape[0])
+        return [{"loss": self._loss(case, inputs, pick(r, "loss", b))} for r in range(world)]
+
+    def _loss(self, case, inputs, rows) -> torch.Tensor:
+        full = torch.cat([wide(i["logits_shard"][rows]) for i in inputs], dim=1)
+        t = inputs[0]["targets"][rows]
         loss = torch.logsumexp(full, dim=1) - full.gather(1, t.view(-1, 1)).view(-1)
-        return [{"loss": narrow(loss, case.dtype)} for _ in range(world)]
+        return narrow(loss, case.dtype)
 
     def size_case(self, perf, size_bytes, world):
         """`size_bytes` is one rank's logit shard, B * vocab_per_rank elements."""
