@@ -6,14 +6,17 @@ binary (one process, all GPUs) and our judge on a submission that calls the matc
 prints busbw side by side and the ratio; target: within +-5 % at sizes >= 64 MiB. A third column times the same
 submission in a bare torch loop (one process per GPU, CUDA events, the same warm-up and timed calls, no judge):
 judge / torch loop is the judge's own overhead, torch loop / nccl-tests is what torch's op costs over NCCL's (for
-alltoall, torch issues grouped send/recv while nccl-tests >= 2.19 calls NCCL's own ncclAlltoAll).
+alltoall, torch issues grouped send/recv while nccl-tests >= 2.19 calls NCCL's own ncclAlltoAll). The three run
+in turn, `--repeats` times (default 3), and medians are compared: on a shared machine one 64 MiB reading can be
+1.5x off the next (benchmarks/results/nccl_compare-2026-11-30-2gpu.md).
 
 Then, for reference quality, every task reference whose golden op is one of those five (and whose metric is a
 bandwidth) is judged in `cuda` mode at the card's sizes of 64 MiB and more: its busbw as a fraction of
 nccl-tests' out-of-place busbw at the same size, and its percentage of the judge's roofline (the NVLink
 bandwidth NVML or nvidia-smi reports, else a measured peer copy).
 
-    python benchmarks/nccl_compare.py --nccl-tests-bin PATH/build [--sizes 67108864,268435456] [--out DIR]
+    python benchmarks/nccl_compare.py --nccl-tests-bin PATH/build [--sizes 67108864,268435456] [--repeats 3]
+                                      [--ops all_reduce,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
-import time
 import socket
+import statistics
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -174,6 +178,50 @@ def reference_rows(client: JudgeClient, gpus: int, ops: list[str], nccl: dict[st
         written()
 
 
+def _cell(xs: list[float]) -> str:
+    """The median; with several runs, their range too."""
+    return f"{statistics.median(xs):.1f}" + (f" ({min(xs):.0f}-{max(xs):.0f})" if len(xs) > 1 else "")
+
+
+def compare_op(client: JudgeClient, op: str, gpus: int, sizes: list[int], a: argparse.Namespace,
+               rows: list[tuple[str, ...]], written: Callable[[], None]) -> dict[int, tuple[float, float]]:
+    """nccl-tests, the torch loop and the judge on one op, `a.repeats` times in turn (so drift of a shared machine
+    spreads over all three); one row per size of medians and ranges. Returns nccl-tests' medians by size."""
+    binary, _, _, body, in_place = OPS[op]
+    task = calibration_task(op, sizes, a.iters, a.warmup)
+    src = "import torch\nimport torch.distributed as dist\n\n\n" + body
+    oop: dict[int, list[float]] = {s: [] for s in sizes}
+    ip: dict[int, list[float]] = {s: [] for s in sizes}
+    loop: dict[int, list[float]] = {s: [] for s in sizes}
+    judge: dict[int, list[float]] = {s: [] for s in sizes}
+    for rep in range(a.repeats):
+        for size, (o, i) in nccl_tests(Path(a.nccl_tests_bin) / binary, gpus, sizes, a.iters, a.warmup).items():
+            oop[size].append(o)
+            ip[size].append(i)
+        for size, bw in torch_loop(op, gpus, sizes, a.iters, a.warmup).items():
+            loop[size].append(bw)
+        res = client.evaluate(task, {"solution.py": src}, "benchmark", gpus, device_mode="cuda", timeout_s=600)
+        if res.verdict.value != "pass":
+            rows.append((op, "-", "-", "-", "-", "-", "-", "-", f"judge: {res.verdict.value}: {res.summary[:80]}"))
+            written()
+            return {}
+        for s in res.benchmark:
+            judge[s.size_bytes].append(s.busbw_gbps)
+        print(f"{op:<15} run {rep + 1}: " + "; ".join(
+            f"{size >> 20} MiB nccl-tests {(ip if in_place else oop)[size][-1]:.1f} torch loop {loop[size][-1]:.1f} "
+            f"judge {judge[size][-1]:.1f}" for size in sizes if judge[size]), flush=True)
+    for size in sizes:
+        theirs_runs = ip[size] if in_place else oop[size]
+        if not (theirs_runs and loop[size] and judge[size]):
+            continue
+        theirs, bare, ours = (statistics.median(x) for x in (theirs_runs, loop[size], judge[size]))
+        rows.append((op, f"{size >> 20} MiB", _cell(theirs_runs), _cell(loop[size]), _cell(judge[size]),
+                     f"{ours / theirs:.3f}", f"{ours / bare:.3f}", f"{bare / theirs:.3f}",
+                     "in-place" if in_place else "out-of-place"))
+    written()
+    return {size: (statistics.median(oop[size]), statistics.median(ip[size])) for size in sizes if oop[size]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nccl-tests-bin", required=True)
@@ -182,6 +230,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each of the three, in turn; medians are compared")
     ap.add_argument("--no-references", action="store_true", help="skip judging the task references")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -192,33 +241,15 @@ def main() -> None:
     path = Path(a.out) / f"nccl_compare-{dt.date.today().isoformat()}-{gpus}gpu.md"
     path.parent.mkdir(parents=True, exist_ok=True)
 
-    def written() -> None:  # after every row: a run cut by a time limit keeps what it measured
-        path.write_text(report(rows, ref_rows, gpus, a.iters, a.warmup))
+    def written() -> None:  # after every op: a run cut by a time limit keeps what it measured
+        path.write_text(report(rows, ref_rows, gpus, a.iters, a.warmup, a.repeats))
 
     with open_sandbox("local-gpu") as sb:
         client = JudgeClient(sb)
         for op in a.ops.split(","):
-            binary, _, fn, body, in_place = OPS[op]
-            ref = nccl[op] = nccl_tests(Path(a.nccl_tests_bin) / binary, gpus, sizes, a.iters, a.warmup)
-            bare = torch_loop(op, gpus, sizes, a.iters, a.warmup)
-            task = calibration_task(op, sizes, a.iters, a.warmup)
-            src = "import torch\nimport torch.distributed as dist\n\n\n" + body
-            res = client.evaluate(task, {"solution.py": src}, "benchmark", gpus, device_mode="cuda", timeout_s=600)
-            if res.verdict.value != "pass":
-                rows.append((op, "-", "-", "-", "-", "-", "-", "-", f"judge: {res.verdict.value}: {res.summary[:80]}"))
-                written()
-                continue
-            for s in res.benchmark:
-                oop, ip = ref.get(s.size_bytes, (0.0, 0.0))
-                theirs, loop = ip if in_place else oop, bare.get(s.size_bytes, 0.0)
-                ratio = s.busbw_gbps / theirs if theirs else float("nan")
-                rows.append((op, f"{s.size_bytes >> 20} MiB", f"{theirs:.1f}", f"{loop:.1f}", f"{s.busbw_gbps:.1f}",
-                             f"{ratio:.3f}", f"{s.busbw_gbps / loop:.3f}" if loop else "-",
-                             f"{loop / theirs:.3f}" if loop and theirs else "-",
-                             "in-place" if in_place else "out-of-place"))
-                print(f"{op:<15} {s.size_bytes >> 20:>6} MiB  nccl-tests {theirs:8.1f}  torch loop {loop:8.1f}  "
-                      f"judge {s.busbw_gbps:8.1f}  judge/nccl-tests {ratio:.3f}", flush=True)
-            written()
+            measured = compare_op(client, op, gpus, sizes, a, rows, written)
+            if measured:
+                nccl[op] = measured
         if not a.no_references:
             reference_rows(client, gpus, a.ops.split(","), nccl, 64 << 20, ref_rows, written)
         client.close()
@@ -226,14 +257,16 @@ def main() -> None:
     print(f"written {path}")
 
 
-def report(rows: list[tuple[str, ...]], ref_rows: list[tuple[str, ...]], gpus: int, iters: int, warmup: int) -> str:
+def report(rows: list[tuple[str, ...]], ref_rows: list[tuple[str, ...]], gpus: int, iters: int, warmup: int,
+           repeats: int) -> str:
     head = ["op", "size", "nccl-tests busbw GB/s", "torch loop busbw GB/s", "judge busbw GB/s", "judge / nccl-tests",
             "judge / torch loop", "torch loop / nccl-tests", "note"]
     md = [f"# Judge vs nccl-tests, {gpus} x {torch.cuda.get_device_name(0)}",
           f"- {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; nccl-tests -g {gpus} -n {iters} -w {warmup}; "
           f"judge: {warmup} warm-up and {iters} timed calls back-to-back after the judge's barrier and warm-up, "
-          "mean over calls, max over ranks", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+          f"mean over calls, max over ranks; each of the three run {repeats} time(s) in turn: median (range), and "
+          "ratios of medians", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
     if ref_rows:
         head = ["task reference", "size", "reference busbw GB/s", "nccl-tests busbw GB/s (out-of-place)",
