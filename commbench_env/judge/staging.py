@@ -2,8 +2,9 @@
 
 Why: on a GPU each benchmark size runs nccl-tests' 5 warm-up and 20 timed calls, each on fresh random inputs made
 on the CPU from a private seed (so the coordinator can make them again to verify). Made one after another, they
-were the largest part of a `cuda` task's evaluation: 25 calls x 2 ranks x 64 MiB of `torch.randn` is about 11 s
-on one core. torch's CPU generators release the GIL and each call has its own, so a pool makes them side by side.
+were the largest part of a `cuda` task's evaluation: 25 calls x 2 ranks x 64 MiB of `torch.randn` take about 4.5 s
+on one core, for that size alone. torch's CPU generators release the GIL and each call has its own, so a pool makes
+them side by side (0.27 of the serial time on a 32-core GPU host: benchmarks/verify_threads.py).
 Batches keep the memory bounded (threads x one call's inputs) and leave the pool idle while the caller runs the
 calls: nothing competes with a timed call for the host.
 
