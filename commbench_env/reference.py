@@ -12,8 +12,10 @@ from .judge.result import SizeResult, Verdict
 from .paths import cache_dir
 
 # Bump when the judge's way of timing changes: a figure measured one way must never be the yardstick for another
-# (2: GPU calls timed back-to-back after a warm-up, nccl-tests' iteration counts on GPUs, median of 3 runs).
-TIMING_VERSION = 2
+# (2: GPU calls timed back-to-back after a warm-up, nccl-tests' iteration counts on GPUs, median of 3 runs;
+# 3: torch candidates run on their own thread with torch's intra-op thread count set: a matmul task's figures cached
+# by a judge between the two read 13x slower than now, so its reference scored a 10x speedup over itself).
+TIMING_VERSION = 3
 GPU_RUNS = 3  # reference runs on a GPU; each size keeps its median run (one run's outliers moved rewards by 0.04)
 
 
