@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -178,6 +177,10 @@ def reference_rows(client: JudgeClient, gpus: int, ops: list[str], nccl: dict[st
         written()
 
 
+def _last(xs: list[float]) -> str:
+    return f"{xs[-1]:.1f}" if xs else "-"  # nccl-tests steps sizes by 4x: a size between two steps has no figure
+
+
 def _cell(xs: list[float]) -> str:
     """The median; with several runs, their range too."""
     return f"{statistics.median(xs):.1f}" + (f" ({min(xs):.0f}-{max(xs):.0f})" if len(xs) > 1 else "")
@@ -208,8 +211,8 @@ def compare_op(client: JudgeClient, op: str, gpus: int, sizes: list[int], a: arg
         for s in res.benchmark:
             judge[s.size_bytes].append(s.busbw_gbps)
         print(f"{op:<15} run {rep + 1}: " + "; ".join(
-            f"{size >> 20} MiB nccl-tests {(ip if in_place else oop)[size][-1]:.1f} torch loop {loop[size][-1]:.1f} "
-            f"judge {judge[size][-1]:.1f}" for size in sizes if judge[size]), flush=True)
+            f"{size >> 20} MiB nccl-tests {_last((ip if in_place else oop)[size])} torch loop {_last(loop[size])} "
+            f"judge {_last(judge[size])}" for size in sizes), flush=True)
     for size in sizes:
         theirs_runs = ip[size] if in_place else oop[size]
         if not (theirs_runs and loop[size] and judge[size]):
