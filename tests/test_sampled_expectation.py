@@ -17,7 +17,7 @@ from commbench_env.judge.request import JudgeRequest
 # (a matmul's dot products in another order: the float64 sums may differ in their last bit before narrowing)
 TASKS = {"collective/allreduce_twoshot": True, "fusion/allreduce_residual_rmsnorm": True,
          "collective/reduce_scatter_mesh": True, "fusion/vocab_parallel_cross_entropy": True,
-         "fusion/allgather_matmul": False, "fusion/matmul_reduce_scatter": False}
+         "fusion/allgather_matmul": False, "fusion/matmul_reduce_scatter": False, "ep/moe_dispatch_combine": True}
 
 
 def _evaluation(task_id: str, world: int) -> coordinator.Evaluation:

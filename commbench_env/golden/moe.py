@@ -164,6 +164,23 @@ class MoeDispatchCombine(GoldenOp):
             routed += torch.bincount(ids, minlength=world * epr)
         return [{"y": ys[r], "expert_rows": routed[r * epr:(r + 1) * epr].clone()} for r in range(world)]
 
+    def expected_samples(self, case, world, inputs, pick):
+        """Only the sampled elements of y go through their expert's transform."""
+        epr, d = int(case.params["experts_per_rank"]), int(case.shape[1])
+        scale = torch.stack([wide(i["secret_scale"]) for i in inputs])  # [world, epr, d]
+        bias = torch.stack([wide(i["secret_bias"]) for i in inputs])
+        routed = sum(torch.bincount(i["expert_ids"], minlength=world * epr) for i in inputs)
+        out = []
+        for r, inp in enumerate(inputs):
+            counts = routed[r * epr:(r + 1) * epr][pick(r, "expert_rows", epr)]  # names in sorted order
+            idx = pick(r, "y", inp["tokens"].numel())
+            row, col = idx // d, idx % d
+            ids = inp["expert_ids"][row]
+            owner, local = ids // epr, ids % epr
+            y = wide(inp["tokens"][row, col]) * scale[owner, local, col] + bias[owner, local, col]
+            out.append({"expert_rows": counts, "y": narrow(y, case.dtype)})
+        return out
+
     # ---- benchmark -------------------------------------------------------------------------------
     def size_case(self, perf, size_bytes, world):
         from ..cards import CaseSpec
