@@ -20,7 +20,6 @@ from .guard import CommProfiler, Guard, install_audit_hook, install_tripwires
 from .protocol import SAMPLES_PER_OUTPUT, encode_tensors, recv_msg, send_msg
 from .rules import expand_forbidden
 
-MAX_VIOLATIONS = 50
 
 
 def _load_module(code: types.CodeType, namespace: dict[str, Any], names: tuple[str, ...], filename: str) -> dict:
@@ -61,17 +60,16 @@ def _release(graveyard: list) -> None:
     gc.collect(0)
 
 
-def _settler(snapshot: list[Callable[[], list[str]]], violations: list) -> Callable[[], None]:
-    """`settle` for candidate_thread.start: restore the namespaces first, only then log what was changed.
-    `snapshot[0]` is the current snapshot's restore; the harness retakes it after its own work changed them."""
+def _settler(snapshot: list[Callable[[], list[str]]], record: Callable[[str, str], None]) -> Callable[[], None]:
+    """`settle` for candidate_thread.start: restore the namespaces first, only then log what was changed (`record`
+    is the guard's, bound before any candidate code exists). `snapshot[0]` is the current snapshot's restore; the
+    harness retakes it after its own work changed them."""
     gc_disable = gc.disable
 
     def settle() -> None:
         gc_disable()  # the collector would run candidate finalizers on whichever thread allocates
         for what in snapshot[0]():
-            if len(violations) < MAX_VIOLATIONS:
-                violations.append({"rule": "sandbox", "where": "runtime",
-                                   "detail": f"the submission replaced {what}; the judge put it back"})
+            record("sandbox", f"the submission replaced {what}; the judge put it back")
     return settle
 
 
@@ -150,7 +148,7 @@ class RankHarness:
         self.graveyard: list = []
         gc.disable()
         self.snapshot = [integrity.snapshot()]
-        self.settle = settle = _settler(self.snapshot, self.guard.violations)
+        self.settle = settle = _settler(self.snapshot, self.guard.record)
         filename = self.card["entry"]["file"]
         install_audit_hook(self.guard, os.getpid(), Path(filename).stem)
         self.run_candidate = candidate_thread.start(filename, settle, functools.partial(
