@@ -27,6 +27,7 @@ from .request import JudgeRequest
 from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, Roofline,
                      SizeResult, Timings, Verdict, Violation, kernel_bandwidth)
 from .rules import expand_forbidden
+from .staging import usable_cores
 from .static_check import check_source
 
 IMPLAUSIBLE_ROOFLINE_PCT = 300.0  # honest references peak near 105 % of the roofline the judge measures
@@ -401,7 +402,7 @@ class Evaluation:
         for it, r, outs in samples:
             by_iter.setdefault(it, {})[r] = outs
         items = sorted(by_iter.items())
-        workers = max(1, min(len(items), VERIFY_THREADS, os.cpu_count() or 1))
+        workers = max(1, min(len(items), VERIFY_THREADS, usable_cores()))
         with ThreadPoolExecutor(workers, thread_name_prefix="verify") as pool:
             found = list(pool.map(lambda item: self.verify_iteration(case, size, seeds, *item, full), items))
         return next((m for m in found if m is not None), None)
