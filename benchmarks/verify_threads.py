@@ -40,11 +40,14 @@ def main() -> None:
     ev = coordinator.Evaluation(req)
     case = ev.op.size_case(task.card.performance, a.size, a.world)
     seeds = [[ev.seed("bench", a.size, it, r) for it in range(a.iters)] for r in range(a.world)]
-    samples = []
-    for it in range(a.iters):  # correct outputs: the golden results themselves
+    samples, sampled = [], []  # correct outputs, the golden results themselves: in full, and as a rank samples them
+    for it in range(a.iters):
         inputs = [ev.op.make_inputs(case, r, a.world, seeds[r][it]) for r in range(a.world)]
         for r, outs in enumerate(ev.op.expected(case, a.world, inputs)):
             samples.append((it, r, outs))
+        for r, outs in enumerate(ev.sampled_expectation(case, a.size, it, inputs)):
+            sampled.append((it, r, {**{n: v for n, (_, _, v) in outs.items()},
+                                    **{n + "#numel": torch.tensor([k]) for n, (k, _, _) in outs.items()}}))
     own_samples = type(ev.op).expected_samples is not GoldenOp.expected_samples
     print(f"{a.task}, world {a.world}, {a.size} bytes, {a.iters} timed iterations, {os.cpu_count()} cores")
     figures = {}
@@ -59,13 +62,6 @@ def main() -> None:
     print(f"  ratio pool / one thread: {pool / one:.2f}")
 
     # what a benchmark does: the ranks send samples of each output; the pool checks them
-    sampled = []
-    for it, r, _ in samples:
-        if r == 0:
-            inputs = [ev.op.make_inputs(case, q, a.world, seeds[q][it]) for q in range(a.world)]
-            for q, outs in enumerate(ev.sampled_expectation(case, a.size, it, inputs)):
-                sampled.append((it, q, {**{n: v for n, (_, _, v) in outs.items()},
-                                        **{n + "#numel": torch.tensor([k]) for n, (k, _, _) in outs.items()}}))
     print(f"sampled verification ({coordinator.VERIFY_THREADS} threads): the op's outputs in full, then indexed, "
           f"against computed at the samples only{'' if own_samples else ' (this op has no sampled form)'}")
     timed = {}
