@@ -6,6 +6,7 @@ gives rewards near 1.0 with a small spread. Rewards are clipped at 1.0, so the s
 too: it is the honest figure.
 
     python benchmarks/reward_stability.py [--task collective/allreduce_ring] [--sandbox local-cpu] [--runs 10]
+                                          [--env NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from commbench_env.errors import JudgeInfraError
 from commbench_env.judge.client import JudgeClient
 from commbench_env.reference import reference_figures
 from commbench_env.reward import compute_reward
-from commbench_env.sandbox import open_sandbox
+from commbench_env.sandbox import load_profile, open_sandbox
 
 
 def _times(sizes) -> str:
     """Median time per call at each benchmark size (what the reward compares), to show which sizes move; with
-    the fastest call and each rank's mean, to tell a slow evaluation from slow calls and a late rank."""
+    the fastest call, each rank's mean and the calls whose clock ran on to a device sync ("ext"), to tell a slow
+    evaluation from slow calls, a late rank and a clock extended for work that outlived the stop event."""
     return ", ".join(f"{s.size_bytes / 2**20:g} MiB {s.time_us_median:.0f} us (min {s.time_us_min:.0f}, ranks "
-                     f"{'/'.join(f'{t:.0f}' for t in s.per_rank_mean_us)})" for s in sizes)
+                     f"{'/'.join(f'{t:.0f}' for t in s.per_rank_mean_us)}, ext {s.extended_calls})" for s in sizes)
 
 
 def main() -> None:
@@ -34,11 +36,16 @@ def main() -> None:
     ap.add_argument("--sandbox", default="local-cpu")
     ap.add_argument("--world", type=int, default=None)
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="set in the sandbox's environment, e.g. COMMBENCH_TIMING_TRACE=/tmp/trace.jsonl")
     a = ap.parse_args()
     task = load_task(a.task)
     world = a.world or task.card.world.default_size
     files = {task.card.entry.file: task.reference_source()}
-    with open_sandbox(a.sandbox) as sb:
+    extra = dict(kv.split("=", 1) for kv in a.env)
+    prof = load_profile(a.sandbox)
+    prof = prof.model_copy(update={"env": {**prof.env, **extra}})
+    with open_sandbox(prof) as sb:
         client = JudgeClient(sb)
         try:
             ref = reference_figures(client, task, world, refresh=True)

@@ -107,10 +107,12 @@ class DeviceHostEvaluation(Evaluation):
                                   "warmup": perf.warmup, "out_specs": specs})
         times = [[0.0] * perf.iters for _ in range(self.world)]
         samples: list[tuple[int, int, dict]] = []
+        extended = 0
         for it in range(n_iter):
             header, _ = self.gather([0], "iter", case.name)[0]
             if it < perf.warmup:
                 continue
+            extended += bool(header.get("extended"))
             for r in range(self.world):
                 times[r][it - perf.warmup] = header["ns"][r] / 1e3
             self.send(self.ranks[0], {"sample_seed": self.seed("sample", size, it)})
@@ -121,7 +123,7 @@ class DeviceHostEvaluation(Evaluation):
         # sampled positions are checked against op.expected (ops with a custom verify must keep expected too)
         mismatch = self.verify_samples(case, size, seeds, samples, False)
         self.timings.verify_s += time.monotonic() - t1
-        return self.size_result(case, size, perf, times, mismatch)
+        return self.size_result(case, size, perf, times, mismatch).model_copy(update={"extended_calls": extended})
 
     def profile(self) -> None:
         """GPU kernels of one call (all ranks run in one process, so the table is for all of them)."""

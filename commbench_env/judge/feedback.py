@@ -65,6 +65,11 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
             pct = f"{s.roofline_pct:.0f}%" if s.roofline_pct is not None else "-"
             lines.append(f"  {s.size_bytes:>12} {s.time_us:>10.1f} {s.algbw_gbps:>11.3f} {s.busbw_gbps:>11.3f}"
                          + (f" {s.tflops:>9.4f}" if flops else "") + (f" {pct:>8}" if roof else "") + f"  {ok}")
+        extended = [s for s in r.benchmark if s.extended_calls]
+        if extended:
+            lines.append("  the device still had work after your entry point's last operation on `stream` in "
+                         + ", ".join(f"{s.extended_calls} calls at {s.size_bytes} B" for s in extended)
+                         + ": the clock ran on to a device-wide sync (join side streams back to `stream`)")
         if r.roofline:
             lines.append(f"  roofline: {r.roofline.name}, {r.roofline.per_rank_gbps:.0f} GB/s per rank"
                          + (" (emulated: all ranks share one GPU, nothing crosses NVLink)" if r.roofline.emulated else ""))

@@ -85,6 +85,8 @@ class SizeResult(StrictModel):
     roofline_pct: float | None = Field(default=None, description="the metric's bandwidth as % of the roofline's per-rank share")
     verified: bool = True
     mismatch: Mismatch | None = None
+    extended_calls: int = Field(default=0, description="timed calls whose clock ran on to a device-wide sync: the "
+                                "device still had work when the stop event fired (work on a side stream)")
 
 
 class Roofline(StrictModel):

@@ -1,0 +1,34 @@
+"""Calls whose clock ran on to a device-wide sync (work outlived the stop event): counted per size, told to the
+agent, and absent from results written before the count existed. The count itself comes from the device host,
+which needs a GPU (benchmarks/gpu_stream_checks.py and reward_stability.py print it there)."""
+
+from __future__ import annotations
+
+from commbench_env.judge.result import JudgeResult, SizeResult, Verdict
+
+
+def _size(size: int, extended: int) -> SizeResult:
+    return SizeResult(size_bytes=size, dtype="float32", count=size // 4, iters=20, warmup=5, time_us=100.0,
+                      time_us_median=100.0, time_us_min=99.0, per_rank_mean_us=[100.0, 98.0], algbw_gbps=1.0,
+                      busbw_gbps=1.0, extended_calls=extended)
+
+
+def _result(*sizes: SizeResult) -> JudgeResult:
+    return JudgeResult(task_id="p2p/ipc_push_copy", task_hash="x", mode="benchmark", world_size=2,
+                       device_mode="cuda", verdict=Verdict.passed, benchmark=list(sizes))
+
+
+def test_feedback_names_the_sizes_whose_clock_ran_to_a_device_sync():
+    text = _result(_size(1 << 20, 0), _size(64 << 20, 7)).feedback()
+    line = next(ln for ln in text.splitlines() if "device-wide sync" in ln)
+    assert "7 calls at 67108864 B" in line and "1048576" not in line
+
+
+def test_no_extension_no_line():
+    assert "device-wide sync" not in _result(_size(1 << 20, 0)).feedback()
+
+
+def test_results_from_before_the_count_load_as_zero():
+    old = _size(1 << 20, 0).model_dump(mode="json")
+    del old["extended_calls"]
+    assert SizeResult.model_validate(old).extended_calls == 0
