@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -76,4 +77,24 @@ def test_faulty_cuda_submissions_compile(evaluate, name):
     source = fault.source()
     assert "BUG" in source  # the planted change is marked
     res = evaluate(fault.task, source, mode="compile", device_mode=_mode(fault.task))
+    assert res.verdict == Verdict.compiled, res.feedback()
+
+
+CUDA_ATTACKS = sorted((Path(__file__).parent / "attacks" / "cuda").glob("*.cu"))
+
+
+def attack_header(path: Path, key: str) -> str:
+    """A `// KEY: value` line of a CUDA attack file (TASK, EXPECT)."""
+    for line in path.read_text().splitlines():
+        if line.startswith(f"// {key}:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"{path.name} has no '// {key}:' line")
+
+
+@pytest.mark.parametrize("path", CUDA_ATTACKS, ids=lambda p: p.name)
+def test_cuda_attacks_compile(evaluate, path):
+    """They run only on a GPU (benchmarks/gpu_stream_checks.py); here they must at least build through the judge."""
+    task = attack_header(path, "TASK")
+    assert attack_header(path, "EXPECT") in ("timed", "open")
+    res = evaluate(task, path.read_text(), mode="compile", device_mode=_mode(task))
     assert res.verdict == Verdict.compiled, res.feedback()

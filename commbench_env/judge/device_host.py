@@ -134,7 +134,7 @@ class DeviceHost:
         self.streams = []
         for d in self.devices:
             torch.cuda.set_device(d)
-            self.streams.append(torch.cuda.Stream(device=d))
+            self.streams.append(self._rank_stream(d))
         self.distinct = sorted(set(self.devices))
         torch.cuda.set_device(self.distinct[0])
         self.peer_access = self._enable_peer_access()
@@ -163,6 +163,17 @@ class DeviceHost:
 
         self.roofline = roofline.measure(torch, mode, world, self.distinct)
         torch.cuda.empty_cache()
+
+    def _rank_stream(self, device: int) -> Any:
+        """The stream a rank's entry point gets: a *blocking* stream, unlike torch's own. Work a candidate queues
+        on the legacy default stream (a launch without a stream argument) then runs after this stream's start
+        event and before its done event, so it is timed; on a non-blocking stream it ran at once, while the gate
+        held the clock, and a 64 MiB push read 3 us (FACTS.md, 2026-11-30)."""
+        torch = self.torch
+        handle = ctypes.c_void_p()
+        if self.cudart is None or self.cudart.cudaStreamCreateWithFlags(ctypes.byref(handle), 0) != 0:  # 0: blocking
+            return torch.cuda.Stream(device=device)
+        return torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", device))
 
     def _enable_peer_access(self) -> bool:
         distinct = self.distinct
