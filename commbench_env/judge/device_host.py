@@ -168,7 +168,7 @@ class DeviceHost:
         """The stream a rank's entry point gets: a *blocking* stream, unlike torch's own. Work a candidate queues
         on the legacy default stream (a launch without a stream argument) then runs after this stream's start
         event and before its done event, so it is timed; on a non-blocking stream it ran at once, while the gate
-        held the clock, and a 64 MiB push read 3 us (FACTS.md, 2026-11-30)."""
+        held the clock, and a 64 MiB push read 3 us (benchmarks/results/gpu_stream_checks-2026-11-30-2gpu.md)."""
         torch = self.torch
         handle = ctypes.c_void_p()
         if self.cudart is None or self.cudart.cudaStreamCreateWithFlags(ctypes.byref(handle), 0) != 0:  # 0: blocking
@@ -348,9 +348,10 @@ class DeviceHost:
                 time.sleep(0.0001)
         # Work that outlives the done events (a side stream, a background thread) counts up to a device-wide sync.
         # Telling it from host noise: a sync must wait HIDDEN_WORK_NS longer than a sync of the idle device took
-        # at this call's start (capped, so background work queued then cannot buy a larger allowance). On 2 x H200
-        # (FACTS.md, 2026-11-30) syncs after honest calls took 14-60 us through torch.cuda.synchronize, and a fixed
-        # 50 us threshold extended 53 of 557 calls by about 250 us each: whole evaluations read 2.2x slow.
+        # at this call's start (capped, so background work queued then cannot buy a larger allowance). On 2 x H200,
+        # syncs after honest calls took 14-60 us through torch.cuda.synchronize, and a fixed 50 us threshold
+        # extended 53 of 557 calls by about 250 us each: whole evaluations read 2.2x slow
+        # (benchmarks/results/reward_stability-2026-11-29-2gpu.md, session 6).
         ends, waits, self.extended = list(dones), {}, []
         for d in self.distinct:
             waits[d] = self.sync_probe.wait_ns(d)  # side streams too: nothing may outlive the clock
