@@ -93,14 +93,17 @@ def main() -> None:
     path = out / (f"gpu_validate-{dt.date.today().isoformat()}-{gpus}gpu-{a.modes.replace(',', '+')}"
                   f"-w{a.worlds.replace(',', '+')}.md")
     header = machine_header()
-    cols = ("task", "language", "mode", "world", "correct", "figure", "of roofline", "seconds (build/start/run/verify)")
+    cols = ("task", "language", "mode", "world", "correct", "figure", "of roofline", "extended calls",
+            "seconds (build/start/run/verify)")
     rows, copy_checks = [], []
 
     def write_report(final: bool) -> int:
         """The markdown table so far (rewritten after every row, so a run cut short keeps what it measured)."""
         failures = sum(not r[4].startswith("yes") for r in rows)
         md = ["# GPU validation of task references", "", *header, "",
-              "Figures in `cuda-shared` are emulated (all ranks on one GPU) and bounded by its copy bandwidth.", "",
+              "Figures in `cuda-shared` are emulated (all ranks on one GPU) and bounded by its copy bandwidth. "
+              "Extended calls: timed calls whose clock ran on to a device-wide sync (work outlived the stop event; "
+              "an honest reference should show 0).", "",
               *([] if final else ["**Incomplete: the run was still going (or was cut short) when this was written.**",
                                   ""]),
               "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -146,7 +149,8 @@ def main() -> None:
                         copy_checks.append((task.id, world, big.size_bytes, pct, written))
                     rows.append((task.id, task.card.language.value, mode, world,
                                  "yes" if ok else f"NO ({verdict}: {summary.splitlines()[0][:70] if summary else ''})",
-                                 text, pct_text, f"{time.monotonic() - t0:.1f} ({split(res)})"))
+                                 text, pct_text, sum(b.extended_calls for b in res.benchmark) if res else "-",
+                                 f"{time.monotonic() - t0:.1f} ({split(res)})"))
                     console.print(" | ".join(map(str, rows[-1])), markup=False, highlight=False)
                     if not ok:
                         console.print(res.feedback(3000) if res else summary, markup=False, highlight=False)

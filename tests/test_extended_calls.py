@@ -32,3 +32,16 @@ def test_results_from_before_the_count_load_as_zero():
     old = _size(1 << 20, 0).model_dump(mode="json")
     del old["extended_calls"]
     assert SizeResult.model_validate(old).extended_calls == 0
+
+
+def test_the_hidden_work_rule_allows_for_host_noise_but_caps_it():
+    from commbench_env.judge.device_host import HIDDEN_WORK_NS, HOST_NOISE_CAP_NS, work_outlived_call
+
+    assert not work_outlived_call(HIDDEN_WORK_NS, 0)
+    assert work_outlived_call(HIDDEN_WORK_NS + 1, 0)
+    # an honest call's sync on a slow host: the idle sync at the call's start was slow too
+    assert not work_outlived_call(60_000, 20_000)
+    assert work_outlived_call(HIDDEN_WORK_NS + 20_001, 20_000)
+    # background work queued before the call cannot buy an allowance beyond the cap
+    huge = 10 * HOST_NOISE_CAP_NS
+    assert work_outlived_call(HIDDEN_WORK_NS + HOST_NOISE_CAP_NS + 1, huge)

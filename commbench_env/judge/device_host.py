@@ -89,6 +89,12 @@ class HostGate:
             self.word.value = value
 
 
+def work_outlived_call(wait_ns: int, idle_wait_ns: int) -> bool:
+    """Whether a device sync after a call's done events waited for real work, not host noise: HIDDEN_WORK_NS
+    beyond what a sync of the idle device took at the call's start, an allowance capped at HOST_NOISE_CAP_NS."""
+    return wait_ns > HIDDEN_WORK_NS + min(max(0, idle_wait_ns), HOST_NOISE_CAP_NS)
+
+
 class SyncProbe:
     """Times one GPU's device-wide synchronisation on the host: the one wait that covers every stream, the
     candidate's side streams included. The runtime's own calls are bound when the harness starts, before any
@@ -355,7 +361,7 @@ class DeviceHost:
         ends, waits, self.extended = list(dones), {}, []
         for d in self.distinct:
             waits[d] = self.sync_probe.wait_ns(d)  # side streams too: nothing may outlive the clock
-            if waits[d] > HIDDEN_WORK_NS + min(idle_wait[d], HOST_NOISE_CAP_NS):
+            if work_outlived_call(waits[d], idle_wait[d]):
                 for r in (r for r in range(world) if self.devices[r] == d):
                     ends[r] = self._event(enable_timing=True)
                     ends[r].record(self.streams[r])  # right after this device's sync: the clock ran to it
