@@ -1,5 +1,6 @@
-"""Launches that escape the harness's stream, judged on GPUs: each file in tests/attacks/cuda/ next to its task's
-reference, in `cuda` mode at world 2 (needs 2 GPUs). Run on a GPU machine.
+"""Launches that escape the harness's stream, judged on GPUs: each file in tests/attacks/cuda/ (CUDA sources for
+`cuda` tasks, Python for torch tasks) next to its task's reference, in `cuda` mode at world 2 (needs 2 GPUs).
+Run on a GPU machine.
 
 A file marked `EXPECT: timed` must pass and take at least 0.8x the reference's time at every size (its work is
 inside the clock). One marked `EXPECT: open` documents a gap the judge does not close yet: its figures are
@@ -23,7 +24,9 @@ TIMED_FLOOR = 0.8  # a timed launch may not read faster than this fraction of th
 
 
 def header(path: Path, key: str) -> str:
-    return next(ln.split(":", 1)[1].strip() for ln in path.read_text().splitlines() if ln.startswith(f"// {key}:"))
+    """A `// KEY: value` (CUDA) or `# KEY: value` (Python) line of an attack file."""
+    return next(ln.split(":", 1)[1].strip() for ln in path.read_text().splitlines()
+                if ln.startswith((f"// {key}:", f"# {key}:")))
 
 
 def main() -> None:
@@ -34,7 +37,7 @@ def main() -> None:
     with open_sandbox("local-gpu") as sb:
         client = JudgeClient(sb)
         refs = {}
-        for path in sorted(ATTACKS.glob("*.cu")):
+        for path in sorted([*ATTACKS.glob("*.cu"), *ATTACKS.glob("*.py")]):  # cuda tasks, torch tasks
             task = load_task(header(path, "TASK"))
             expect = header(path, "EXPECT")
             if task.id not in refs:

@@ -80,20 +80,26 @@ def test_faulty_cuda_submissions_compile(evaluate, name):
     assert res.verdict == Verdict.compiled, res.feedback()
 
 
-CUDA_ATTACKS = sorted((Path(__file__).parent / "attacks" / "cuda").glob("*.cu"))
+_GPU_ATTACK_DIR = Path(__file__).parent / "attacks" / "cuda"
+GPU_ATTACKS = sorted([*_GPU_ATTACK_DIR.glob("*.cu"), *_GPU_ATTACK_DIR.glob("*.py")])
 
 
 def attack_header(path: Path, key: str) -> str:
-    """A `// KEY: value` line of a CUDA attack file (TASK, EXPECT)."""
+    """A `// KEY: value` (CUDA) or `# KEY: value` (Python) line of a GPU attack file (TASK, EXPECT)."""
     for line in path.read_text().splitlines():
-        if line.startswith(f"// {key}:"):
+        if line.startswith((f"// {key}:", f"# {key}:")):
             return line.split(":", 1)[1].strip()
-    raise AssertionError(f"{path.name} has no '// {key}:' line")
+    raise AssertionError(f"{path.name} has no '{key}:' line")
 
 
-@pytest.mark.parametrize("path", CUDA_ATTACKS, ids=lambda p: p.name)
-def test_cuda_attacks_compile(evaluate, path):
-    """They run only on a GPU (benchmarks/gpu_stream_checks.py); here they must at least build through the judge."""
+def test_gpu_attack_files_are_found():
+    assert {p.suffix for p in GPU_ATTACKS} == {".cu", ".py"}
+
+
+@pytest.mark.parametrize("path", GPU_ATTACKS, ids=lambda p: p.name)
+def test_gpu_attacks_pass_the_build(evaluate, path):
+    """They run only on GPUs (benchmarks/gpu_stream_checks.py); here they must get through the judge's build (nvcc
+    and the symbol check, or the static check): an attack the build already rejects would show nothing there."""
     task = attack_header(path, "TASK")
     assert attack_header(path, "EXPECT") in ("timed", "open")
     res = evaluate(task, path.read_text(), mode="compile", device_mode=_mode(task))
