@@ -114,7 +114,7 @@ def test_wrong_solution_pinpointed(evaluate):
 def test_hidden_case_shapes_never_reach_feedback(evaluate):
     res = evaluate(TASK, WRONG_CHUNK, mode="check", world=2)
     text = res.feedback()
-    assert "hidden #1" in text
+    assert "hidden #1" in text, text  # failed once in a full run (2026-11-30), not reproduced: keep the text
     for case in ("odd-length", "shorter-than-world", "int-3d", "4099"):
         assert case not in text
 
