@@ -42,6 +42,8 @@ def main() -> None:
     task = load_task(a.task)
     world = a.world or task.card.world.default_size
     files = {task.card.entry.file: task.reference_source()}
+    if any("=" not in kv for kv in a.env):
+        ap.error(f"--env takes NAME=VALUE, got {[kv for kv in a.env if '=' not in kv]}")
     extra = dict(kv.split("=", 1) for kv in a.env)
     prof = load_profile(a.sandbox)
     prof = prof.model_copy(update={"env": {**prof.env, **extra}})
