@@ -79,3 +79,20 @@ def test_a_wrong_sampled_value_is_caught_with_its_rank_and_position():
     assert m is not None and m.rank == 1 and m.output == "y"
     assert m.index == [int(right[1]["y"][1][5])]
     assert "timed iteration 3" in m.detail
+
+
+def test_ranks_sample_where_the_coordinator_looks_and_report_empty_outputs():
+    """protocol.sample_outputs (ranks, device host) and sample_positions (coordinator) draw the same positions;
+    an empty output draws nothing and still reports its size, so the coordinator can check it."""
+    import torch
+
+    from commbench_env.judge.protocol import SAMPLES_PER_OUTPUT, sample_outputs, sample_positions
+
+    outs = {"y": torch.arange(1000.0), "empty": torch.zeros(0), "count": torch.arange(3)}
+    got = sample_outputs(outs, 1234, prefix="1/")
+    gen = torch.Generator().manual_seed(1234)
+    for name in sorted(outs):  # the coordinator's order
+        idx = sample_positions(outs[name].numel(), gen)
+        assert torch.equal(got[f"1/{name}"], outs[name][idx]), name
+        assert int(got[f"1/{name}#numel"][0]) == outs[name].numel()
+    assert got["1/y"].numel() == SAMPLES_PER_OUTPUT and got["1/empty"].numel() == 0

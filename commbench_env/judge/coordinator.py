@@ -22,7 +22,7 @@ from ..cards import CaseSpec, TaskCard, busbw_factor
 from ..golden import get_op
 from ..golden.base import GoldenOp
 from ..golden.compare import compare_tensor
-from .protocol import SAMPLES_PER_OUTPUT, Reader, decode_tensors, derive_seed, pack
+from .protocol import Reader, decode_tensors, derive_seed, pack, sample_positions
 from .request import JudgeRequest
 from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, Roofline,
                      SizeResult, Timings, Verdict, Violation, kernel_bandwidth)
@@ -448,8 +448,7 @@ class Evaluation:
         drawn: list[dict] = [{} for _ in range(self.world)]
 
         def pick(rank: int, name: str, numel: int):
-            idx = (torch.randint(0, numel, (min(SAMPLES_PER_OUTPUT, numel),), generator=gens[rank]) if numel
-                   else torch.zeros(0, dtype=torch.long))
+            idx = sample_positions(numel, gens[rank])
             drawn[rank][name] = (numel, idx)
             return idx
 

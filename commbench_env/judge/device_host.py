@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from . import isolate
 from .device import HIDDEN_WORK_NS, WarmUp, cudart_library, reset_persisting_l2, sleep_cycles
-from .protocol import SAMPLES_PER_OUTPUT, encode_tensors, recv_msg, send_msg
+from .protocol import encode_tensors, recv_msg, sample_outputs, send_msg
 from .staging import in_batches
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
@@ -404,7 +404,6 @@ class DeviceHost:
         self.send({"type": "result", "outputs": meta, "ns": ns, "mutated": self.mutated(bufs)}, blob)
 
     def run_bench(self, msg: dict, case) -> None:
-        torch = self.torch
         warmup = int(msg["warmup"])
         seeds = msg["seeds"]  # [rank][iteration]
         scratch_ready = None
@@ -425,15 +424,7 @@ class DeviceHost:
             ask, _ = recv_msg(self.sock)  # positions are chosen after the outputs exist
             sampled = {}
             for r, b in enumerate(bufs):
-                gen = torch.Generator().manual_seed(int(ask["sample_seed"]))  # the coordinator draws alike per rank
-                for name, t in sorted(b["outs"].items()):
-                    flat = t.detach().reshape(-1)
-                    if flat.numel():  # gathered on the GPU: only the samples cross to the host
-                        idx = torch.randint(0, flat.numel(), (min(SAMPLES_PER_OUTPUT, flat.numel()),), generator=gen)
-                        sampled[f"{r}/{name}"] = flat[idx.to(flat.device)].cpu()
-                    else:
-                        sampled[f"{r}/{name}"] = flat.cpu()
-                    sampled[f"{r}/{name}#numel"] = torch.tensor([flat.numel()])
+                sampled.update(sample_outputs(b["outs"], ask["sample_seed"], prefix=f"{r}/"))
             meta, blob = encode_tensors(sampled)
             self.send({"type": "samples", "it": it, "outputs": meta}, blob)
 

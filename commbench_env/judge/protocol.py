@@ -76,6 +76,32 @@ class Reader:
         return header, blob
 
 
+def sample_positions(numel: int, generator: Any) -> Any:
+    """The flat positions of one output at which a timed call is checked. Ranks and the coordinator both draw them
+    here, from one generator per rank seeded with the call's sample seed, outputs in sorted name order: an empty
+    output draws nothing."""
+    import torch
+
+    if not numel:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.randint(0, numel, (min(SAMPLES_PER_OUTPUT, numel),), generator=generator)
+
+
+def sample_outputs(outputs: dict[str, Any], sample_seed: int, prefix: str = "") -> dict[str, Any]:
+    """One rank's outputs at `sample_positions`, gathered where they live (only the samples cross to the host),
+    each with its size under `NAME#numel`; names get `prefix` (the device host sends every rank's at once)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(int(sample_seed))
+    sampled = {}
+    for name, t in sorted(outputs.items()):
+        flat = t.detach().reshape(-1)
+        idx = sample_positions(flat.numel(), gen)
+        sampled[prefix + name] = flat[idx.to(flat.device)].cpu()
+        sampled[prefix + name + "#numel"] = torch.tensor([flat.numel()])
+    return sampled
+
+
 def encode_tensors(tensors: dict[str, Any]) -> tuple[list[dict[str, Any]], bytes]:
     """Tensors to (metadata, bytes); raw little-endian storage, so bfloat16 travels too."""
     import torch

@@ -17,7 +17,7 @@ from . import candidate_thread, integrity, isolate
 from .candidate_thread import CandidateRaised, candidate_traceback
 from .device import RankDevice
 from .guard import CommProfiler, Guard, install_audit_hook, install_tripwires
-from .protocol import SAMPLES_PER_OUTPUT, encode_tensors, recv_msg, send_msg
+from .protocol import encode_tensors, recv_msg, sample_outputs, send_msg
 from .rules import expand_forbidden
 
 
@@ -267,22 +267,8 @@ class RankHarness:
 
     def send_samples(self, it: int, out: dict[str, Any], full: bool) -> None:
         """The outputs of timed call `it`, or samples of them at positions drawn only after they exist."""
-        torch = self.torch
         ask, _ = recv_msg(self.sock)
-        if full:
-            meta, blob = encode_tensors(out)
-        else:
-            g = torch.Generator().manual_seed(int(ask["sample_seed"]))
-            sampled = {}
-            for name, t in sorted(out.items()):
-                flat = t.detach().reshape(-1)
-                if flat.numel() == 0:
-                    sampled[name] = flat
-                    continue
-                idx = torch.randint(0, flat.numel(), (min(SAMPLES_PER_OUTPUT, flat.numel()),), generator=g)
-                sampled[name] = flat[idx].clone()
-                sampled[name + "#numel"] = torch.tensor([flat.numel()])
-            meta, blob = encode_tensors(sampled)
+        meta, blob = encode_tensors(out if full else sample_outputs(out, ask["sample_seed"]))
         self.send({"type": "samples", "it": it, "outputs": meta, "violations": self.guard.violations}, blob)
 
     def run_profile(self, msg: dict[str, Any]) -> None:
