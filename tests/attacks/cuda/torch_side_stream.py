@@ -1,46 +1,29 @@
 # TASK: collective/allreduce_ring
 # EXPECT: open
-# The reference ring all-reduce run on a torch stream of its own (torch.cuda.Stream is non-blocking) that never
-# waits for the harness's stream. Suspected gap, found by reading, not yet run: torch ranks time calls between
-# events on the harness's stream, so work on this stream is ordered neither after the start nor before the stop.
-# Work finished before the first mark (during the warm-up) escapes the clock. Only the last call runs on to the
-# device sync. A median of tiny per-call times would follow. benchmarks/gpu_stream_checks.py shows what happens.
+# An all-reduce (every rank sends its input to every other and sums what it receives) run on a torch stream of
+# its own (torch.cuda.Stream is non-blocking) that never waits for the harness's stream. Suspected gap, found by
+# reading, not yet run: torch ranks time calls between events on the harness's stream, so work on this stream is
+# ordered neither after the start nor before the stop. Work finished before the first mark (during the warm-up)
+# escapes the clock, and only the last call runs on to the device sync. A median of tiny per-call times would
+# follow. benchmarks/gpu_stream_checks.py shows what happens.
 import torch
 import torch.distributed as dist
 
+_SIDE: dict = {}
 
-def _exchange(send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int) -> None:
-    """Send and receive at once; batched so NCCL pairs them without deadlocking. A chunk may be empty (fewer
-    elements than ranks); its peer then expects an empty one too, so both sides skip that message."""
-    ops = [dist.P2POp(op, t, peer) for op, t, peer in ((dist.isend, send_buf, dst), (dist.irecv, recv_buf, src))
-           if t.numel()]
+
+def _sum_of_all(x: torch.Tensor) -> torch.Tensor:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = x.detach().clone()
+    incoming = [torch.empty_like(x) for _ in range(world - 1)]
+    ops = []
+    for step, buf in enumerate(incoming, start=1):
+        ops += [dist.P2POp(dist.isend, x, (rank + step) % world), dist.P2POp(dist.irecv, buf, (rank - step) % world)]
     for req in dist.batch_isend_irecv(ops) if ops else []:
         req.wait()
-
-
-def _ring(x: torch.Tensor) -> torch.Tensor:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    out = x.detach().clone().reshape(-1)
-    if world == 1:
-        return out.reshape(x.shape)
-    chunks = list(torch.tensor_split(out, world))
-    right, left = (rank + 1) % world, (rank - 1) % world
-    # reduce-scatter: after step s, chunk (rank - s - 1) holds the partial sum of s + 2 ranks
-    for step in range(world - 1):
-        send_idx, recv_idx = (rank - step) % world, (rank - step - 1) % world
-        incoming = torch.empty_like(chunks[recv_idx])
-        _exchange(chunks[send_idx], right, incoming, left)
-        chunks[recv_idx] += incoming
-    # all-gather: circulate the fully reduced chunks
-    for step in range(world - 1):
-        send_idx, recv_idx = (rank - step + 1) % world, (rank - step) % world
-        incoming = torch.empty_like(chunks[recv_idx])
-        _exchange(chunks[send_idx], right, incoming, left)
-        chunks[recv_idx].copy_(incoming)
-    return out.reshape(x.shape)
-
-
-_SIDE: dict = {}
+    for buf in incoming:
+        out += buf
+    return out
 
 
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -48,4 +31,4 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     if side is None:
         side = _SIDE[x.device] = torch.cuda.Stream(x.device)
     with torch.cuda.stream(side):
-        return _ring(x)
+        return _sum_of_all(x)
