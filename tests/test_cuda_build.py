@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 import subprocess
 import time
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from commbench_env.judge.cuda_build import build
+from commbench_env.judge.cuda_build import build, nvcc_version, undefined_symbols
 
 pytestmark = pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc is not installed")
+CUDA_MAJOR = (re.findall(r"cuda_(\d+)\.", nvcc_version()) or ["13"])[0]  # libcudart's soname version
 
 GOOD = r'''
 #include "commbench.h"
@@ -74,11 +76,44 @@ def test_missing_entry_point(tmp_path):
     ('#include <stdlib.h>\nCB_ENTRY shell(const cb_args* a, cudaStream_t s) { return system("true"); }', "system"),
     ('#include <dlfcn.h>\nCB_ENTRY loader(const cb_args* a, cudaStream_t s) { return dlopen("libnccl.so", 0) != 0; }',
      "dlopen"),
+    # the driver's entry points would hand out cuStreamCreate, which makes a stream the judge's marks do not order
+    ('CB_ENTRY driver(const cb_args* a, cudaStream_t s) { void* f; cudaDriverEntryPointQueryResult q;\n'
+     '  return cudaGetDriverEntryPoint("cuStreamCreate", &f, cudaEnableDefault, &q); }', "cudaGetDriverEntryPoint"),
+    # a versioned reference past the judge's own stream constructors, to the runtime's non-blocking ones
+    (f'__asm__(".symver real_create, cudaStreamCreateWithFlags@libcudart.so.{CUDA_MAJOR}");\n'
+     'extern "C" cudaError_t real_create(cudaStream_t*, unsigned int);\n'
+     'CB_ENTRY side(const cb_args* a, cudaStream_t s) { cudaStream_t q; return real_create(&q, 1); }',
+     "cudaStreamCreateWithFlags"),
 ])
 def test_forbidden_symbols(tmp_path, snippet, symbol):
     res = _build(_write(tmp_path, GOOD + snippet), tmp_path / "cache")
     assert res.ok
     assert any(symbol in v["detail"] for v in res.violations), res.violations
+
+
+def test_streams_the_candidate_creates_are_made_by_the_judge(tmp_path):
+    """A candidate asking for a non-blocking stream gets the judge's blocking one: its calls to the runtime's
+    stream constructors bind inside the library (cuda/blocking_streams.cpp), so nothing it imports makes a
+    non-blocking stream. Whether the streams then wait for the gate is checked on GPUs
+    (benchmarks/gpu_stream_checks.py, tests/attacks/cuda/side_stream_push.cu)."""
+    side = GOOD.replace("pull<<<(unsigned)((a->count + 255) / 256), 256, 0, s>>>",
+                        "cudaStream_t mine, urgent;\n  cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking);\n"
+                        "  cudaStreamCreateWithPriority(&urgent, cudaStreamNonBlocking, -1);\n"
+                        "  pull<<<(unsigned)((a->count + 255) / 256), 256, 0, mine>>>")
+    res = _build(_write(tmp_path, side), tmp_path / "cache")
+    assert res.ok and not res.violations, res.log
+    imported = set(undefined_symbols(Path(res.library)))
+    assert "cudaStreamCreate" in imported  # what the judge's constructors call
+    assert not imported & {"cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority"}
+    local = subprocess.run(["nm", res.library], capture_output=True, text=True, check=True).stdout
+    assert re.search(r" t cudaStreamCreateWithFlags$", local, re.M), local  # defined, hidden
+
+
+def test_a_candidate_cannot_define_the_stream_constructors_itself(tmp_path):
+    own = GOOD + ('extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int f) '
+                  '{ return cudaStreamCreate(s); }\n')
+    res = _build(_write(tmp_path, own), tmp_path / "cache")
+    assert not res.ok and "cudaStreamCreateWithFlags" in res.log, res.log
 
 
 def test_nccl_allowed_when_the_card_links_it():

@@ -19,14 +19,21 @@ from pathlib import Path
 
 HEADER_DIR = Path(__file__).parent / "cuda"
 BASE_FLAGS = ["-O3", "-lineinfo", "-Xptxas", "-v", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart=shared"]
+# Linked into every candidate: the streams it creates are blocking, so the judge's marks on the legacy default
+# stream order them (see the file's comment and DeviceHost.call_all).
+BLOCKING_STREAMS = HEADER_DIR / "blocking_streams.cpp"
 
 # Symbols a candidate library may not import, whatever the card allows: loaders, processes, files, sockets.
 ALWAYS_FORBIDDEN_SYMBOLS = re.compile(
     r"^(dlopen|dlmopen|dlsym|dlvsym|system|popen|fork|vfork|execv\w*|execl\w*|posix_spawn\w*|socket|connect|"
-    r"bind|fopen\w*|open|open64|openat\w*|creat\w*|shm_open|mmap\w*|ptrace|kill|prctl|setrlimit|cuMemExportToShareableHandle)$")
+    r"bind|fopen\w*|open|open64|openat\w*|creat\w*|shm_open|mmap\w*|ptrace|kill|prctl|setrlimit|cuMemExportToShareableHandle|"
+    # the judge's BLOCKING_STREAMS defines these inside the library: an import means its calls were routed past them
+    r"cudaStreamCreateWithFlags|cudaStreamCreateWithPriority)$")
 # Libraries a card must list in [cuda] links before their symbols may appear.
 LIBRARY_SYMBOLS = {"nccl": re.compile(r"^nccl"), "nvshmem": re.compile(r"^nvshmem"), "mpi": re.compile(r"^MPI_"),
-                   "cublas": re.compile(r"^cublas"), "cuda": re.compile(r"^cu[A-Z]")}
+                   "cublas": re.compile(r"^cublas"),
+                   # the driver API, and the runtime's way to its entry points (cuStreamCreate makes any stream)
+                   "cuda": re.compile(r"^(cu[A-Z]|cudaGetDriverEntryPoint)")}
 
 
 @dataclass
@@ -113,7 +120,8 @@ def build(source_path: Path, *, card_arch: str, links: list[str], extra_flags: l
     source = source_path.read_bytes()
     flags = [*BASE_FLAGS, f"-arch={arch}", f"-I{HEADER_DIR}", *extra_flags, *[f"-l{lib}" for lib in links]]
     key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), nvcc_version().encode(),
-                                     (HEADER_DIR / "commbench.h").read_bytes()])).hexdigest()[:24]
+                                     (HEADER_DIR / "commbench.h").read_bytes(),
+                                     BLOCKING_STREAMS.read_bytes()])).hexdigest()[:24]
     entry = cache_dir / key
     lib = entry / "candidate.so"
     if lib.is_file() and (entry / "log.txt").is_file():
@@ -121,9 +129,12 @@ def build(source_path: Path, *, card_arch: str, links: list[str], extra_flags: l
         text, ptxas = _clean_log(log, source_path.parent)
         return BuildResult(ok=True, library=str(lib), log=text, ptxas=ptxas, cache_hit=True, arch=arch,
                            seconds=time.monotonic() - t0, violations=check_symbols(undefined_symbols(lib), links))
+    streams_obj = _blocking_streams_object(nvcc, cache_dir, timeout_s)
+    if isinstance(streams_obj, BuildResult):
+        return streams_obj
     tmp = cache_dir / f".{key}.{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
-    cmd = [nvcc, *flags, "-o", str(tmp / "candidate.so"), source_path.name]
+    cmd = [nvcc, *flags, "-o", str(tmp / "candidate.so"), source_path.name, str(streams_obj)]
     try:
         proc = subprocess.run(cmd, cwd=source_path.parent, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -150,6 +161,24 @@ def build(source_path: Path, *, card_arch: str, links: list[str], extra_flags: l
         tmp.rename(entry)
     return BuildResult(ok=True, library=str(entry / "candidate.so"), log=text, ptxas=ptxas, violations=violations,
                        seconds=time.monotonic() - t0, arch=arch, command=" ".join(cmd))
+
+
+def _blocking_streams_object(nvcc: str, cache_dir: Path, timeout_s: float) -> Path | BuildResult:
+    """BLOCKING_STREAMS compiled once per cache (host code only: a fraction of a second), reused by every build."""
+    key = hashlib.sha256(BLOCKING_STREAMS.read_bytes() + nvcc_version().encode()).hexdigest()[:16]
+    obj = cache_dir / f"blocking_streams-{key}.o"
+    if obj.is_file():
+        return obj
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = obj.with_name(f".{obj.name}.{os.getpid()}")
+    proc = subprocess.run([nvcc, "-c", "-O2", "-Xcompiler", "-fPIC", "-o", str(tmp), str(BLOCKING_STREAMS)],
+                          capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        return BuildResult(ok=False, log=f"the judge's own stream shim did not compile (a broken CUDA toolkit?):\n"
+                                         f"{proc.stdout}{proc.stderr}")
+    tmp.rename(obj)
+    return obj
 
 
 def _exported(library: Path) -> list[str]:

@@ -5,7 +5,9 @@
 //     extern "C" int NAME(const cb_args* args, cudaStream_t stream);
 //
 // It must enqueue its work on `stream` (or on streams that it joins back to `stream`) and return 0; any other
-// value is reported as an error. It must not allocate the buffers that are checked, synchronise the whole
+// value is reported as an error. Streams it creates are blocking streams, whatever flags it asks for (the judge
+// links its own cudaStreamCreateWithFlags/WithPriority into the library; priorities are not kept), and the clock
+// stops when the work of every stream it used has finished. It must not allocate the buffers that are checked, synchronise the whole
 // device, or keep state between calls other than in the buffers below (the judge may run calls in any order,
 // fresh processes each evaluation). All ranks of an evaluation run in one process, each rank from its own host
 // thread with its own stream; on several GPUs, rank r runs on GPU r with peer access enabled between them, so
