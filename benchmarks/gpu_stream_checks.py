@@ -6,7 +6,9 @@ A file marked `EXPECT: timed` must pass and take at least 0.8x the reference's t
 inside the clock). One marked `EXPECT: open` documents a gap the judge does not close yet: its figures are
 printed, not asserted. Exit status 1 if a `timed` file fails its check.
 
-    python benchmarks/gpu_stream_checks.py [--world 2]
+    python benchmarks/gpu_stream_checks.py [--world 2] [--trace FILE]
+
+--trace appends the device host's per-call timing trace (COMMBENCH_TIMING_TRACE) to FILE.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from commbench_env.cards import load_task
 from commbench_env.judge.client import JudgeClient
-from commbench_env.sandbox import open_sandbox
+from commbench_env.sandbox import load_profile, open_sandbox
 
 ATTACKS = Path(__file__).resolve().parents[1] / "tests" / "attacks" / "cuda"
 TIMED_FLOOR = 0.8  # a timed launch may not read faster than this fraction of the reference's time
@@ -32,9 +34,13 @@ def header(path: Path, key: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--trace", help="append the device host's timing trace (one JSON line per timed call) here")
     a = ap.parse_args()
     failed = []
-    with open_sandbox("local-gpu") as sb:
+    profile = load_profile("local-gpu")
+    if a.trace:
+        profile = profile.model_copy(update={"env": {**profile.env, "COMMBENCH_TIMING_TRACE": a.trace}})
+    with open_sandbox(profile) as sb:
         client = JudgeClient(sb)
         refs = {}
         for path in sorted([*ATTACKS.glob("*.cu"), *ATTACKS.glob("*.py")]):  # cuda tasks, torch tasks

@@ -7,7 +7,7 @@ judge measured in the same evaluation (`JudgeResult.roofline`): each rank's shar
 bandwidth in `cuda-shared` (figures there are emulated, never NVLink), the NVLink bandwidth NVML reports (or,
 failing that, a measured peer copy) in `cuda`. Copy-only references must reach 70 % in `cuda-shared` at 64 MiB.
 
-    python benchmarks/gpu_validate.py [--modes cuda,cuda-shared] [--worlds 2,4] [--tasks all] [--out DIR]
+    python benchmarks/gpu_validate.py [--modes cuda,cuda-shared] [--worlds 2,4] [--tasks all] [--out DIR] [--trace FILE]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from rich.table import Table
 from commbench_env.cards import select_tasks
 from commbench_env.errors import CommBenchError
 from commbench_env.judge.client import JudgeClient
-from commbench_env.sandbox import open_sandbox
+from commbench_env.sandbox import load_profile, open_sandbox
 
 PROFILES = {"cuda": "local-gpu", "cuda-shared": "local-gpu-shared"}
 # references that only move bytes: in cuda-shared at >= 64 MiB they must reach COPY_TARGET of the device copy
@@ -83,6 +83,7 @@ def main() -> None:
     ap.add_argument("--tasks", default="all")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per evaluation (default: the card's limit)")
+    ap.add_argument("--trace", help="append the device host's timing trace (one JSON line per timed call) here")
     a = ap.parse_args()
     console = Console(width=200)
     if not torch.cuda.is_available():
@@ -127,7 +128,10 @@ def main() -> None:
         if mode == "cuda" and gpus < 2:
             console.print("[yellow]skipping mode cuda: it needs at least 2 GPUs[/]")
             continue
-        with open_sandbox(PROFILES[mode]) as sb:
+        profile = load_profile(PROFILES[mode])
+        if a.trace:
+            profile = profile.model_copy(update={"env": {**profile.env, "COMMBENCH_TIMING_TRACE": a.trace}})
+        with open_sandbox(profile) as sb:
             client = JudgeClient(sb)
             for task in select_tasks(a.tasks, device_mode=mode):
                 for world in (int(w) for w in a.worlds.split(",")):

@@ -35,7 +35,7 @@ def test_results_from_before_the_count_load_as_zero():
 
 
 def test_the_hidden_work_rule_allows_for_host_noise_but_caps_it():
-    from commbench_env.judge.device_host import HIDDEN_WORK_NS, HOST_NOISE_CAP_NS, work_outlived_call
+    from commbench_env.judge.device import HIDDEN_WORK_NS, HOST_NOISE_CAP_NS, work_outlived_call
 
     assert not work_outlived_call(HIDDEN_WORK_NS, 0)
     assert work_outlived_call(HIDDEN_WORK_NS + 1, 0)
@@ -45,3 +45,52 @@ def test_the_hidden_work_rule_allows_for_host_noise_but_caps_it():
     # background work queued before the call cannot buy an allowance beyond the cap
     huge = 10 * HOST_NOISE_CAP_NS
     assert work_outlived_call(HIDDEN_WORK_NS + HOST_NOISE_CAP_NS + 1, huge)
+
+
+class _Timeline:
+    """A GPU timeline in ms and a host clock in ns for RankDevice.timed_calls (no GPU here): each call's marks
+    are 2 us apart, and a device sync takes `sync_ns` of host time, which the GPU clock also moves by."""
+
+    def __init__(self, sync_ns: int):
+        self.gpu_ms, self.host_ns, self.sync_ns = 0.0, 0, sync_ns
+
+    def call(self) -> dict:
+        self.gpu_ms += 0.002
+        return {}
+
+    def sync(self) -> None:
+        self.host_ns += self.sync_ns
+        self.gpu_ms += self.sync_ns / 1e6
+
+
+def _rank_device(line: _Timeline, idle_sync_ns: int):
+    from types import SimpleNamespace
+
+    from commbench_env.judge.device import RankDevice
+
+    dev = object.__new__(RankDevice)
+    dev.device = SimpleNamespace(type="cuda")
+    dev._event = lambda enable_timing=True: SimpleNamespace(t=None)
+    dev._record = lambda ev: setattr(ev, "t", line.gpu_ms)
+    dev._ev_sync = lambda ev: None
+    dev._elapsed = lambda a, b: b.t - a.t
+    dev._sync, dev._idle_sync_ns = line.sync, idle_sync_ns
+    return dev
+
+
+def test_torch_calls_whose_work_outlived_them_share_the_whole_window():
+    """Async work never waited for (dist.all_reduce(x, async_op=True) without wait()) is ordered after none of the
+    marks: each call's own span says nothing, so all of them get an equal share of the window up to the sync."""
+    line = _Timeline(sync_ns=400_000)  # 0.4 ms of queued collectives still running after the last mark
+    dev = _rank_device(line, idle_sync_ns=5_000)
+    outs: list = []
+    spans = dev.timed_calls([line.call] * 4, lambda: line.host_ns, lambda: None, outs)
+    assert dev.extended and len(outs) == 4
+    assert spans == [(8_000 + 400_000) // 4] * 4  # 4 x 2 us of marks plus the 400 us the sync waited
+
+
+def test_torch_calls_with_an_honest_sync_keep_their_own_spans():
+    line = _Timeline(sync_ns=30_000)  # within the allowance over an idle sync of 20 us
+    dev = _rank_device(line, idle_sync_ns=20_000)
+    spans = dev.timed_calls([line.call] * 3, lambda: line.host_ns, lambda: None, [])
+    assert not dev.extended and spans == [2_000] * 3

@@ -350,10 +350,12 @@ class Evaluation:
                            "warmup": perf.warmup, "full_outputs": full})
         times = [[0.0] * perf.iters for _ in range(self.world)]
         samples: list[tuple[int, int, dict]] = []
+        extended = 0
         for it in range(n_iter):
             msgs = self.gather(range(self.world), "iter", case.name)
             if it < perf.warmup:
                 continue
+            extended += any(msgs[r][0].get("extended") for r in range(self.world))
             for r in range(self.world):
                 times[r][it - perf.warmup] = msgs[r][0]["ns"] / 1e3
             sample_seed = self.seed("sample", size, it)
@@ -365,7 +367,7 @@ class Evaluation:
         t1 = time.monotonic()
         mismatch = self.verify_samples(case, size, seeds, samples, full)
         self.timings.verify_s += time.monotonic() - t1
-        return self.size_result(case, size, perf, times, mismatch)
+        return self.size_result(case, size, perf, times, mismatch).model_copy(update={"extended_calls": extended})
 
     def size_result(self, case: CaseSpec, size: int, perf, times: list[list[float]],
                     mismatch: Mismatch | None) -> SizeResult:

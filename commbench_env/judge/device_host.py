@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import isolate
-from .device import HIDDEN_WORK_NS, WarmUp, cudart_library, reset_persisting_l2, sleep_cycles
+from .device import WarmUp, cudart_library, reset_persisting_l2, sleep_cycles, work_outlived_call
 from .protocol import encode_tensors, recv_msg, sample_outputs, send_msg
 from .staging import in_batches
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
 DONE_SPIN_S = 0.005  # the host polls the done events without sleeping this long, so an extended clock stops soon
-HOST_NOISE_CAP_NS = 100_000  # most host noise a hidden-work check allows for (see `call_all`)
 GATE_HOLD_S = 0.5  # longest the gate waits for every rank's host thread (an entry point that blocks its host)
 HOST_THREADS = 8  # torch CPU threads of the device host: it builds every rank's inputs
 _P = ctypes.c_void_p
@@ -89,12 +88,6 @@ class HostGate:
             self.word.value = value
 
 
-def work_outlived_call(wait_ns: int, idle_wait_ns: int) -> bool:
-    """Whether a device sync after a call's done events waited for real work, not host noise: HIDDEN_WORK_NS
-    beyond what a sync of the idle device took at the call's start, an allowance capped at HOST_NOISE_CAP_NS."""
-    return wait_ns > HIDDEN_WORK_NS + min(max(0, idle_wait_ns), HOST_NOISE_CAP_NS)
-
-
 class SyncProbe:
     """Times one GPU's device-wide synchronisation on the host: the one wait that covers every stream, the
     candidate's side streams included. The runtime's own calls are bound when the harness starts, before any
@@ -142,6 +135,7 @@ class DeviceHost:
             torch.cuda.set_device(d)
             self.streams.append(self._rank_stream(d))
         self.distinct = sorted(set(self.devices))
+        self.legacy = {d: self._legacy_stream(d) for d in self.distinct}
         torch.cuda.set_device(self.distinct[0])
         self.peer_access = self._enable_peer_access()
         self.gate = HostGate(self.cudart)
@@ -168,6 +162,7 @@ class DeviceHost:
         from . import roofline
 
         self.roofline = roofline.measure(torch, mode, world, self.distinct)
+        self.stop_lag_ns = self._measure_stop_lag()
         torch.cuda.empty_cache()
 
     def _rank_stream(self, device: int) -> Any:
@@ -180,6 +175,39 @@ class DeviceHost:
         if self.cudart is None or self.cudart.cudaStreamCreateWithFlags(ctypes.byref(handle), 0) != 0:  # 0: blocking
             return torch.cuda.Stream(device=device)
         return torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", device))
+
+    def _legacy_stream(self, device: int) -> Any:
+        """The device's legacy default stream, which the judge's call marks go on: work on it waits for all earlier
+        work on blocking streams, and blocking streams wait for it. The rank streams are blocking, and the
+        candidate library's stream creation makes blocking streams only (cuda/blocking_streams.cpp)."""
+        torch = self.torch
+        stream = torch.cuda.default_stream(device)
+        if stream.cuda_stream == 0:  # torch's default stream is the legacy one unless built per-thread
+            return stream
+        return torch.cuda.ExternalStream(1, device=torch.device("cuda", device))  # cudaStreamLegacy
+
+    def _measure_stop_lag(self, rounds: int = 15) -> dict[int, int]:
+        """Per GPU, how much later the legacy-stream stop mark fires than the rank streams' own last done event
+        when nothing else runs (the median of `rounds`): the GPU's cross-stream dependency latency, about 3 us on
+        an H200 (session 7: every timed call read that much longer with the legacy stop alone). `call_all` takes
+        it off the legacy stop, so honest calls keep the time their own stream shows. The rank streams sleep
+        while the marks are queued, so that no host time enters the figure."""
+        torch = self.torch
+        cycles = sleep_cycles(torch, self.distinct[0], 200e-6)
+        lags: dict[int, list[int]] = {d: [] for d in self.distinct}
+        for _ in range(rounds):
+            for d in self.distinct:
+                dones = []
+                for r in (r for r in range(self.world) if self.devices[r] == d):
+                    with torch.cuda.device(d), torch.cuda.stream(self.streams[r]):
+                        self._sleep(cycles)
+                        dones.append(self._event(enable_timing=True))
+                        dones[-1].record(self.streams[r])
+                end = self._event(enable_timing=True)
+                end.record(self.legacy[d])
+                end.synchronize()
+                lags[d].append(min(int(self._elapsed(dn, end) * 1e6) for dn in dones))
+        return {d: sorted(v)[len(v) // 2] for d, v in lags.items()}
 
     def _enable_peer_access(self) -> bool:
         distinct = self.distinct
@@ -280,9 +308,10 @@ class DeviceHost:
         together on busy devices and no host latency is timed (`warm=False` leaves the warm-up out, for the
         profiler's table). The warm-up is queued before the gate on purpose: a torch kernel launched behind a
         closed gate can block its host thread (its module loads lazily), and the gate would never open. The
-        previous round is fully finished first (the calling convention promises it), and if any device still has
-        work once every done event has fired (work hidden on a side stream), the clock runs on to a device-wide
-        synchronisation."""
+        previous round is fully finished first (the calling convention promises it). Each GPU's clock stops at a
+        mark on its legacy stream queued after all launches, which waits for every stream the call used (see
+        `_legacy_stream`); if a device still has work after that (queued later, by a background thread), the
+        clock runs on to a device-wide synchronisation."""
         torch = self.torch
         self.epoch += 1
         for a in args:
@@ -312,6 +341,9 @@ class DeviceHost:
                     self._sleep(self.fallback_cycles)  # no stream memory operations: a GPU sleep instead
                 ready[d] = self._event()
                 ready[d].record(ws)
+            # The legacy stream waits for the gate too: a stream the candidate makes (blocking, see
+            # `_legacy_stream`) then cannot start before the clock, whatever it is ordered after.
+            self.legacy[d].wait_event(ready[d])
 
         def run(r: int) -> None:
             try:
@@ -330,6 +362,9 @@ class DeviceHost:
         hold_until = min(deadline, time.monotonic() + GATE_HOLD_S)
         for t in threads:
             t.join(timeout=max(0.0, hold_until - time.monotonic()))
+        ends: dict[int, Any] = {}
+        if not any(t.is_alive() for t in threads):
+            ends = self._mark_ends()  # before the gate opens: the marks carry no host time
         while not all(e.query() for e in warmed) and time.monotonic() < hold_until:
             pass  # open the gate when every GPU has warmed up: no rank starts beside a peer's warm-up traffic
         self.gate.release(ticket)  # all launches queued (or a host thread is blocked: go anyway)
@@ -338,41 +373,62 @@ class DeviceHost:
         stuck_host = [r for r, t in enumerate(threads) if t.is_alive()]
         if stuck_host:
             raise HungRanks(stuck_host, "did not return from the entry point (host code blocked)")
+        ends = ends or self._mark_ends()  # an entry point that blocked its host: its clock ran meanwhile
         for r in range(world):
             if errors[r]:
                 raise RuntimeError(f"rank {r}: {errors[r]}")
             if rcs[r] != 0:
                 raise RuntimeError(f"rank {r}: the entry point returned {rcs[r]} (non-zero means error)")
         spin_until = time.monotonic() + DONE_SPIN_S
-        while True:
-            pending = [r for r in range(world) if not dones[r].query()]
-            if not pending:
-                break
-            if time.monotonic() > deadline:
-                raise HungRanks(pending, "kernels still running at the time limit (a deadlock or a missed flag?)")
-            if time.monotonic() > spin_until:
-                time.sleep(0.0001)
-        # Work that outlives the done events (a side stream, a background thread) counts up to a device-wide sync.
-        # Telling it from host noise: a sync must wait HIDDEN_WORK_NS longer than a sync of the idle device took
-        # at this call's start (capped, so background work queued then cannot buy a larger allowance). On 2 x H200,
-        # syncs after honest calls took 14-60 us through torch.cuda.synchronize, and a fixed 50 us threshold
-        # extended 53 of 557 calls by about 250 us each: whole evaluations read 2.2x slow
-        # (benchmarks/results/reward_stability-2026-11-29-2gpu.md, session 6).
-        ends, waits, self.extended = list(dones), {}, []
+        for events, why in ((dones, "kernels still running at the time limit (a deadlock or a missed flag?)"),
+                            ([ends[d] for d in self.devices], "queued work on another stream that was still "
+                                                             "running at the time limit")):
+            while True:
+                pending = [r for r in range(world) if not events[r].query()]
+                if not pending:
+                    break
+                if time.monotonic() > deadline:
+                    raise HungRanks(pending, why)
+                if time.monotonic() > spin_until:
+                    time.sleep(0.0001)
+        # Work that outlives the stop marks (queued after them, e.g. by a background thread) counts up to a
+        # device-wide sync, told from host noise by `work_outlived_call` against this call's idle sync.
+        stops, waits, self.extended = [ends[d] for d in self.devices], {}, []
         for d in self.distinct:
             waits[d] = self.sync_probe.wait_ns(d)  # side streams too: nothing may outlive the clock
             if work_outlived_call(waits[d], idle_wait[d]):
                 for r in (r for r in range(world) if self.devices[r] == d):
-                    ends[r] = self._event(enable_timing=True)
-                    ends[r].record(self.streams[r])  # right after this device's sync: the clock ran to it
+                    stops[r] = self._event(enable_timing=True)
+                    stops[r].record(self.streams[r])  # right after this device's sync: the clock ran to it
                     self.extended.append(r)
-        for ev in ends:
+        for ev in stops:
             ev.synchronize()
-        ns = [int(self._elapsed(starts[r], ends[r]) * 1e6) for r in range(world)]
+        # A rank's time is its own stream's, plus however much later than all rank streams of its GPU the work
+        # on other streams (ones the candidate made) finished: the stop mark's lag past the last done event, less
+        # the lag it shows when nothing else runs. Summed per GPU, as one GPU's legacy stream cannot tell whose
+        # side stream it waited for (cuda-shared); in `cuda` mode that is max(own, stop - usual lag).
+        late = {d: max(0, min(int(self._elapsed(dones[r], ends[d]) * 1e6) for r in range(world)
+                              if self.devices[r] == d) - self.stop_lag_ns[d]) for d in self.distinct}
+        ns = [int(self._elapsed(starts[r], stops[r]) * 1e6) if r in self.extended
+              else int(self._elapsed(starts[r], dones[r]) * 1e6) + late[self.devices[r]] for r in range(world)]
         if self.trace is not None:
-            self.trace.write(json.dumps({"epoch": self.epoch, "ns": ns, "sync_wait_ns": list(waits.values()),
+            done_ns = [int(self._elapsed(starts[r], dones[r]) * 1e6) for r in range(world)]  # the rank streams' own
+            stop_ns = [int(self._elapsed(starts[r], ends[self.devices[r]]) * 1e6) for r in range(world)]
+            self.trace.write(json.dumps({"epoch": self.epoch, "ns": ns, "done_ns": done_ns, "stop_ns": stop_ns,
+                                         "stop_lag_ns": list(self.stop_lag_ns.values()),
+                                         "sync_wait_ns": list(waits.values()),
                                          "idle_wait_ns": list(idle_wait.values()), "extended": self.extended}) + "\n")
         return ns
+
+    def _mark_ends(self) -> dict[int, Any]:
+        """One stop mark per GPU on its legacy stream: it fires once everything the entry points queued on any
+        blocking stream of that GPU has run (each rank's stream and every stream the candidate made), so work on
+        a side stream is timed on the GPU's clock, not by a host-timed sync."""
+        ends = {}
+        for d in self.distinct:
+            ends[d] = self._event(enable_timing=True)
+            ends[d].record(self.legacy[d])
+        return ends
 
     def outputs(self, bufs: list[dict]) -> dict[str, Any]:
         flat = {}

@@ -67,9 +67,11 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
                          + (f" {s.tflops:>9.4f}" if flops else "") + (f" {pct:>8}" if roof else "") + f"  {ok}")
         extended = [s for s in r.benchmark if s.extended_calls]
         if extended:
-            lines.append("  the device still had work after your entry point's last operation on `stream` in "
+            lines.append("  the device still had work after the stream the judge times (`stream` in CUDA tasks, the "
+                         "current stream in torch tasks) had finished your calls, in "
                          + ", ".join(f"{s.extended_calls} calls at {s.size_bytes} B" for s in extended)
-                         + ": the clock ran on to a device-wide sync (join side streams back to `stream`)")
+                         + ": the clock ran on to a device-wide sync (join side streams back to `stream`; wait() "
+                           "on async work before returning)")
         if r.roofline:
             lines.append(f"  roofline: {r.roofline.name}, {r.roofline.per_rank_gbps:.0f} GB/s per rank"
                          + (" (emulated: all ranks share one GPU, nothing crosses NVLink)" if r.roofline.emulated else ""))

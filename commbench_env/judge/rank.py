@@ -253,7 +253,7 @@ class RankHarness:
             self.dev.align()
             outs, spans = self._timed_calls(case, staged)
             for it, (out, ns) in enumerate(zip(outs, spans)):
-                self.send({"type": "iter", "it": it, "ns": ns})
+                self.send({"type": "iter", "it": it, "ns": ns, "extended": self.dev.extended})
                 if it >= warmup:
                     self.send_samples(it, out, full)
             return

@@ -1,8 +1,10 @@
 // TASK: p2p/ipc_push_copy
-// EXPECT: open
-// A push copy on the candidate's own non-blocking stream, never ordered after the harness's `stream`: it runs as
-// soon as it is launched, while the gate still holds the clock. An open gap: only the judge's implausible-timing
-// check stops it, at sizes where the time beats the link (not at 1 MiB).
+// EXPECT: timed
+// A push copy on the candidate's own non-blocking stream, never ordered after the harness's `stream`. Before the
+// judge linked its own stream creation into candidates (cuda/blocking_streams.cpp), it ran as soon as it was
+// launched, while the gate still held the clock: 3.0 us at 1, 16 and 64 MiB, and only the implausible-timing check
+// stopped it, at 16 and 64 MiB (benchmarks/results/gpu_stream_checks-2026-11-30-2gpu.md). Now the stream is
+// blocking, so it waits for the gate and the stop mark waits for it.
 #include "commbench.h"
 
 #include <cuda_runtime.h>
