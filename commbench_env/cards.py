@@ -283,6 +283,9 @@ class Task:
             lines.append(f"- Imports allowed: {', '.join(allowed)} (torch includes torch.distributed).")
             lines.append("- No file, process, socket or introspection APIs; data between ranks must travel through "
                          "torch.distributed.")
+            lines.append("- On GPUs, work on the current CUDA stream: making or switching streams (torch.cuda.Stream, "
+                         "torch.cuda.stream, CUDA graphs) is not allowed; overlap communication with compute through "
+                         "async_op=True and wait().")
         if c.rules.inputs_read_only:
             lines.append("- Inputs are read-only: do not modify them.")
         lines.append(f"- World sizes: {', '.join(str(s) for s in c.world.sizes)}; device modes: {', '.join(m.value for m in c.world.device_modes)}.")

@@ -86,3 +86,27 @@ def test_newer_collectives_and_store_access_are_caught():
                 "import torch.distributed as d\ndef f(x):\n    d.group.WORLD.all_to_all_single(x, x)\n",
                 "import torch.distributed as d\ndef f(x):\n    d.group.WORLD.get_group_store().set('k', 'v')\n"):
         assert not check(src).ok
+
+
+@pytest.mark.parametrize("src", [
+    "import torch\ns = torch.cuda.Stream()\n",
+    "import torch\ns = torch.cuda.streams.Stream()\n",
+    "from torch.cuda import stream\n",
+    "import torch\nS = getattr(torch.cuda, 'Stream')\n",
+    "import torch.cuda as tc\ng = tc.CUDAGraph()\n",
+    "import torch\ns = torch.Stream('cuda')\n",
+    "import torch\nm = torch.get_device_module('cuda')\n",
+])
+def test_torch_tasks_may_not_make_or_switch_cuda_streams(src):
+    """Work on a stream of the candidate's own is ordered neither after the judge's start mark nor before its stop
+    mark (tests/attacks/side_stream.py), so every task refuses it, whatever its card forbids."""
+    forbidden, attrs = expand_forbidden([])
+    rep = check_source(src, "solution.py", forbidden, attrs)
+    assert not rep.ok
+    assert any("current CUDA stream" in v["detail"] for v in rep.violations), rep.log
+
+
+def test_the_current_stream_stays_usable():
+    forbidden, attrs = expand_forbidden([])
+    src = "import torch\n\ndef f(x):\n    torch.cuda.current_stream().synchronize()\n    return x\n"
+    assert check_source(src, "solution.py", forbidden, attrs).ok

@@ -17,6 +17,19 @@ ALWAYS_FORBIDDEN = (
     "torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
     "torch.distributed.checkpoint", "torch.set_default_device",
 )
+# Making or switching CUDA streams (and graphs, captured on a stream of their own). A torch rank times each call
+# between events on its current stream; work on another stream is ordered after neither, so it runs during the
+# judge's warm-up or past the stop event (tests/attacks/side_stream.py). Overlap of communication and
+# compute needs none of them: `async_op=True` runs NCCL on its own stream, ordered by `wait()`. Static check only:
+# torch's own code calls some of these, and a run-time tripwire would blame the candidate for it.
+STREAM_APIS = (
+    "torch.cuda.Stream", "torch.cuda.ExternalStream", "torch.cuda.streams", "torch.cuda.stream",
+    "torch.cuda.StreamContext", "torch.cuda.set_stream", "torch.Stream", "torch.cuda.graph", "torch.cuda.graphs",
+    "torch.cuda.CUDAGraph", "torch.cuda.make_graphed_callables", "torch.accelerator.set_stream",
+    "torch.get_device_module",
+)
+STREAM_RULE = ("torch tasks run on the current CUDA stream only, the one the judge's clock orders; overlap "
+               "communication with compute through async_op=True and wait()")
 # Methods that write or map files from C code, where no audit hook sees them.
 # get_group_store hands out the rendezvous store: a side channel between ranks.
 ALWAYS_FORBIDDEN_ATTRS = frozenset({"share_memory_", "from_file", "untyped_storage", "_storage", "storage",
@@ -70,7 +83,7 @@ def normalize(dotted: str) -> str:
 
 def expand_forbidden(names: list[str] | tuple[str, ...]) -> tuple[set[str], set[str]]:
     """(dotted names, bare ProcessGroup method names) forbidden by a card, with presets and the fixed list."""
-    dotted: set[str] = set(ALWAYS_FORBIDDEN)
+    dotted: set[str] = set(ALWAYS_FORBIDDEN) | set(STREAM_APIS)
     attrs: set[str] = set(ALWAYS_FORBIDDEN_ATTRS)
     for n in names:
         if n.startswith("@"):

@@ -9,7 +9,7 @@ import ast
 import importlib.util
 from dataclasses import dataclass, field
 
-from .rules import ALLOWED_IMPORTS, AMBIGUOUS_METHODS, FORBIDDEN_BUILTINS, is_forbidden
+from .rules import ALLOWED_IMPORTS, AMBIGUOUS_METHODS, FORBIDDEN_BUILTINS, STREAM_APIS, STREAM_RULE, is_forbidden
 
 
 @dataclass
@@ -48,7 +48,9 @@ class _Checker(ast.NodeVisitor):
     def check_dotted(self, node: ast.AST, dotted: str | None) -> None:
         if dotted:
             hit = is_forbidden(dotted, self.forbidden)
-            if hit:
+            if hit in STREAM_APIS:
+                self.flag(node, "forbidden_api", f"{dotted} is not allowed: {STREAM_RULE}")
+            elif hit:
                 self.flag(node, "forbidden_api", f"{dotted} is not allowed in this task ({hit})")
 
     def check_import(self, node: ast.AST, module: str) -> None:

@@ -1,11 +1,9 @@
-# TASK: collective/allreduce_ring
-# EXPECT: open
+# Stopped by: the static check (torch.cuda.Stream and torch.cuda.stream are not allowed in torch tasks).
 # An all-reduce (every rank sends its input to every other and sums what it receives) run on a torch stream of
-# its own (torch.cuda.Stream is non-blocking) that never waits for the harness's stream. Suspected gap, found by
-# reading, not yet run: torch ranks time calls between events on the harness's stream, so work on this stream is
-# ordered neither after the start nor before the stop. Work finished before the first mark (during the warm-up)
-# escapes the clock, and only the last call runs on to the device sync. A median of tiny per-call times would
-# follow. benchmarks/gpu_stream_checks.py shows what happens.
+# its own (torch.cuda.Stream is non-blocking) that never waits for the stream the judge times. Torch ranks time
+# each call between events on their current stream, so this work is ordered after neither: it can run during the
+# judge's warm-up, before the first mark. On 2 x H200 its per-call times were host-paced, not its own (0.79x
+# the reference at 1 MiB, 1.57x at 64 MiB; benchmarks/results/gpu_stream_checks-2026-11-30-2gpu.md, session 7).
 import torch
 import torch.distributed as dist
 
