@@ -91,8 +91,9 @@ def main() -> None:
     gpus = torch.cuda.device_count()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / (f"gpu_validate-{dt.date.today().isoformat()}-{gpus}gpu-{a.modes.replace(',', '+')}"
-                  f"-w{a.worlds.replace(',', '+')}.md")
+    # '_' joins the lists: the device tool does not bring back files whose names hold '+'
+    path = out / (f"gpu_validate-{dt.date.today().isoformat()}-{gpus}gpu-{a.modes.replace(',', '_')}"
+                  f"-w{a.worlds.replace(',', '_')}.md")
     header = machine_header()
     cols = ("task", "language", "mode", "world", "correct", "figure", "of roofline", "extended calls",
             "seconds (build/start/run/verify)")
