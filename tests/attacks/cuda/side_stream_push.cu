@@ -4,7 +4,8 @@
 // judge linked its own stream creation into candidates (cuda/blocking_streams.cpp), it ran as soon as it was
 // launched, while the gate still held the clock: 3.0 us at 1, 16 and 64 MiB, and only the implausible-timing check
 // stopped it, at 16 and 64 MiB (benchmarks/results/gpu_stream_checks-2026-11-30-2gpu.md). Now the stream is
-// blocking, so it waits for the gate and the stop mark waits for it.
+// blocking, so it waits for the gate and the stop mark waits for it: 0.98-1.20x the reference's time
+// (benchmarks/results/gpu_stream_checks-2026-11-30b-2gpu.md).
 #include "commbench.h"
 
 #include <cuda_runtime.h>
