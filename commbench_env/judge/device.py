@@ -7,8 +7,9 @@ GPU is as busy as in a back-to-back loop. Measured on H200s (FACTS.md): one call
 2.2x (device copy) to 2.7x (NCCL all-reduce) as long as the same call inside a back-to-back loop, and the same
 call timed right after a busy kernel matched the loop within 1 %. The warm-up streams far more than the L2 holds,
 so every GPU timing starts from a cold L2. The stop is an event queued on the harness's stream right after the
-call; if the device still has work after that event (something hidden on a side stream or a background thread),
-the clock runs on to a device-wide synchronisation, so hidden work still counts. The zygote and the coordinator
+call; if the device still has work after that event (async work never waited for, a background thread), the
+calls are timed as a whole up to a device-wide synchronisation, so hidden work still counts (candidates may not
+make streams of their own: `rules.STREAM_APIS`). The zygote and the coordinator
 never touch CUDA; only forked ranks do (CUDA cannot be used across fork).
 """
 

@@ -86,7 +86,8 @@ class SizeResult(StrictModel):
     verified: bool = True
     mismatch: Mismatch | None = None
     extended_calls: int = Field(default=0, description="timed calls whose clock ran on to a device-wide sync: the "
-                                "device still had work when the stop event fired (work on a side stream)")
+                                "device still had work after the stop mark (queued later by a background thread, "
+                                "or, in torch tasks, async work never waited for)")
 
 
 class Roofline(StrictModel):
