@@ -39,7 +39,7 @@ def main() -> None:
     failed = []
     profile = load_profile("local-gpu")
     if a.trace:
-        profile = profile.model_copy(update={"env": {**profile.env, "COMMBENCH_TIMING_TRACE": a.trace}})
+        profile = profile.with_env({"COMMBENCH_TIMING_TRACE": a.trace})
     with open_sandbox(profile) as sb:
         client = JudgeClient(sb)
         refs = {}

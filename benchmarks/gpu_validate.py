@@ -131,7 +131,7 @@ def main() -> None:
             continue
         profile = load_profile(PROFILES[mode])
         if a.trace:
-            profile = profile.model_copy(update={"env": {**profile.env, "COMMBENCH_TIMING_TRACE": a.trace}})
+            profile = profile.with_env({"COMMBENCH_TIMING_TRACE": a.trace})
         with open_sandbox(profile) as sb:
             client = JudgeClient(sb)
             for task in select_tasks(a.tasks, device_mode=mode):

@@ -45,8 +45,7 @@ def main() -> None:
     if any("=" not in kv for kv in a.env):
         ap.error(f"--env takes NAME=VALUE, got {[kv for kv in a.env if '=' not in kv]}")
     extra = dict(kv.split("=", 1) for kv in a.env)
-    prof = load_profile(a.sandbox)
-    prof = prof.model_copy(update={"env": {**prof.env, **extra}})
+    prof = load_profile(a.sandbox).with_env(extra)
     with open_sandbox(prof) as sb:
         client = JudgeClient(sb)
         try:

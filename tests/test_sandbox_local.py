@@ -36,6 +36,16 @@ def test_host_environment_does_not_leak(sb, monkeypatch):
     assert "GLOO_SOCKET_IFNAME" in res.stdout
 
 
+def test_a_profile_with_extra_env_reaches_the_sandbox_and_leaves_the_original_alone():
+    base = load_profile("local-cpu")
+    traced = base.with_env({"COMMBENCH_TIMING_TRACE": "/tmp/trace.jsonl"})
+    assert "COMMBENCH_TIMING_TRACE" not in base.env
+    with open_sandbox(traced) as s:
+        s.start()
+        res = s.exec([sys.executable, "-c", "import os; print(os.environ.get('COMMBENCH_TIMING_TRACE'))"], timeout=10)
+    assert res.stdout.strip() == "/tmp/trace.jsonl"
+
+
 def test_paths_cannot_leave_the_workdir(sb):
     with pytest.raises(SandboxError):
         sb.write_files({"../escape.txt": "x"})

@@ -57,6 +57,10 @@ class SandboxProfile(StrictModel):
     docker: DockerSpec = Field(default_factory=DockerSpec)
     source: str = Field(default="", exclude=True)
 
+    def with_env(self, extra: dict[str, str]) -> "SandboxProfile":
+        """This profile with `extra` added to the sandbox's environment (e.g. a diagnostic trace file)."""
+        return self.model_copy(update={"env": {**self.env, **extra}})
+
 
 def list_profiles(base: Path | None = None) -> list[str]:
     return list_cards(base or sandboxes_dir())
