@@ -379,10 +379,10 @@ class DeviceHost:
                 raise RuntimeError(f"rank {r}: {errors[r]}")
             if rcs[r] != 0:
                 raise RuntimeError(f"rank {r}: the entry point returned {rcs[r]} (non-zero means error)")
+        rank_ends = [ends[d] for d in self.devices]  # each rank's GPU's stop mark
         spin_until = time.monotonic() + DONE_SPIN_S
         for events, why in ((dones, "kernels still running at the time limit (a deadlock or a missed flag?)"),
-                            ([ends[d] for d in self.devices], "queued work on another stream that was still "
-                                                             "running at the time limit")):
+                            (rank_ends, "queued work on another stream that was still running at the time limit")):
             while True:
                 pending = [r for r in range(world) if not events[r].query()]
                 if not pending:
@@ -393,7 +393,7 @@ class DeviceHost:
                     time.sleep(0.0001)
         # Work that outlives the stop marks (queued after them, e.g. by a background thread) counts up to a
         # device-wide sync, told from host noise by `work_outlived_call` against this call's idle sync.
-        stops, waits, self.extended = [ends[d] for d in self.devices], {}, []
+        stops, waits, self.extended = list(rank_ends), {}, []
         for d in self.distinct:
             waits[d] = self.sync_probe.wait_ns(d)  # side streams too: nothing may outlive the clock
             if work_outlived_call(waits[d], idle_wait[d]):
@@ -407,14 +407,14 @@ class DeviceHost:
         # on other streams (ones the candidate made) finished: the stop mark's lag past the last done event, less
         # the lag it shows when nothing else runs. Summed per GPU, as one GPU's legacy stream cannot tell whose
         # side stream it waited for (cuda-shared); in `cuda` mode that is max(own, stop - usual lag).
-        late = {d: max(0, min(int(self._elapsed(dones[r], ends[d]) * 1e6) for r in range(world)
-                              if self.devices[r] == d) - self.stop_lag_ns[d]) for d in self.distinct}
-        ns = [int(self._elapsed(starts[r], stops[r]) * 1e6) if r in self.extended
-              else int(self._elapsed(starts[r], dones[r]) * 1e6) + late[self.devices[r]] for r in range(world)]
+        own = [int(self._elapsed(starts[r], dones[r]) * 1e6) for r in range(world)]
+        to_stop = [int(self._elapsed(starts[r], rank_ends[r]) * 1e6) for r in range(world)]
+        late = {d: max(0, min(to_stop[r] - own[r] for r in range(world) if self.devices[r] == d) - self.stop_lag_ns[d])
+                for d in self.distinct}
+        ns = [int(self._elapsed(starts[r], stops[r]) * 1e6) if r in self.extended else own[r] + late[self.devices[r]]
+              for r in range(world)]
         if self.trace is not None:
-            done_ns = [int(self._elapsed(starts[r], dones[r]) * 1e6) for r in range(world)]  # the rank streams' own
-            stop_ns = [int(self._elapsed(starts[r], ends[self.devices[r]]) * 1e6) for r in range(world)]
-            self.trace.write(json.dumps({"epoch": self.epoch, "ns": ns, "done_ns": done_ns, "stop_ns": stop_ns,
+            self.trace.write(json.dumps({"epoch": self.epoch, "ns": ns, "done_ns": own, "stop_ns": to_stop,
                                          "stop_lag_ns": list(self.stop_lag_ns.values()),
                                          "sync_wait_ns": list(waits.values()),
                                          "idle_wait_ns": list(idle_wait.values()), "extended": self.extended}) + "\n")
