@@ -1,11 +1,14 @@
-"""Framework-neutral pieces of the trainer adapters: prompts built from task cards."""
+"""Framework-neutral pieces of the trainer adapters: prompts built from task cards, and one tool-driven episode
+with the rules every trainer needs (an infrastructure failure is never a score)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
-from ..agents.llm import SYSTEM_PROMPT
+from ..agents.llm import SYSTEM_PROMPT, TOOL_SPECS
 from ..cards import select_tasks
+from ..errors import CommBenchError, SandboxError
 from ..runner import pick_world
 from ..sandbox import load_profile
 
@@ -30,3 +33,106 @@ def task_rows(tasks: str = "smoke", *, sandbox: str = "local-cpu", world_size: i
                   {"role": "user", "content": f"Task statement (world size {world}):\n\n{task.agent_view()}"}]
         rows += [{"prompt": prompt, "task": task.id, "world_size": world} for _ in range(repeats)]
     return rows
+
+
+def tool_schemas(tools: tuple[str, ...] = ("compile", "check", "benchmark", "profile", "submit")) -> list[dict]:
+    """The env's tools as OpenAI function schemas (what chat templates render as the model's tools)."""
+    return [{"type": "function", "function": spec} for spec in TOOL_SPECS if spec["name"] in tools]
+
+
+class ToolEpisode:
+    """One multi-turn episode driven by tool calls, for trainers: each `act` is one env step, and `final_reward`
+    is the episode's reward (as submitted; else the last code scored as at truncation; no code at all: 0).
+
+    A sandbox failure ends the episode with `infra_error` set and `final_reward` None: trainers must leave such a
+    sample out rather than score it as the model's fault. The env (a sandbox with a warm judge) is made at the first
+    `reset` and reused by later episodes of the same instance; `remote=True` puts it in a Ray actor
+    (ray_backend.RemoteEnv) on whichever node has room for a `world`-rank episode.
+    """
+
+    def __init__(self, sandbox: str = "local-cpu", max_turns: int = 6, *, remote: bool = False, world: int = 2,
+                 **env_options: Any):
+        self.sandbox = sandbox
+        self.max_turns = max_turns
+        self.remote = remote
+        self.world = world
+        self.env_options = env_options
+        self._env: Any = None
+        self._finalizer: Any = None
+        self._new_episode()
+
+    def _new_episode(self) -> None:
+        self.done = False
+        self.reward: float | None = None
+        self.verdict: str | None = None
+        self.correct = False
+        self.has_code = False
+        self.infra_error: str | None = None
+
+    def _make_env(self, task_id: str) -> Any:
+        if self.remote:
+            from ..ray_backend import RemoteEnv
+
+            env = RemoteEnv(self.sandbox, world=self.world, max_turns=self.max_turns, **self.env_options)
+        else:
+            from ..env import CommBenchEnv
+
+            env = CommBenchEnv(task=task_id, sandbox=self.sandbox, max_turns=self.max_turns, **self.env_options)
+        self._finalizer = weakref.finalize(self, env.close)  # the sandbox goes when this instance does
+        return env
+
+    def close(self) -> None:
+        """Remove the sandbox now (a later `reset` makes a new one)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._env, self._finalizer = None, None
+
+    def reset(self, task: str | None, world_size: int | None = None) -> None:
+        """Start an episode on `task`; a sandbox that fails twice leaves `infra_error` set instead of raising."""
+        if not task:
+            raise CommBenchError("each training row needs a 'task' column (see commbench_env.trainers.task_rows)")
+        self._new_episode()
+        options = {"task": task, "world_size": world_size}
+        for attempt in (1, 2):
+            if self._env is None:
+                self._env = self._make_env(task)
+            try:
+                self._env.reset(options={k: v for k, v in options.items() if v is not None})
+                return
+            except SandboxError as exc:
+                self.close()
+                if attempt == 2:
+                    self.infra_error = f"{type(exc).__name__}: {exc}"
+
+    def act(self, action: Any) -> str:
+        """One env step (`{"tool": ..., "source": ...}`, or a reply's text); returns the judge's feedback."""
+        if self.infra_error:
+            return f"Infrastructure error, not your fault; this episode is not scored. ({self.infra_error})"
+        if self.done:
+            return "The episode is over (submitted, or the turn budget is used up); this call was not run."
+        try:
+            obs, reward, terminated, truncated, info = self._env.step(action)
+        except SandboxError as exc:
+            self.infra_error = f"{type(exc).__name__}: {exc}"
+            self.close()
+            return f"Infrastructure error, not your fault; this episode is not scored. ({self.infra_error})"
+        self.has_code = self.has_code or info.get("judge_result") is not None  # some code was judged
+        if info.get("verdict"):
+            self.verdict = info["verdict"]
+        if terminated or truncated:
+            self.done = True
+            final = info.get("final_reward")  # the episode's reward, whatever per-turn shaping the env applies
+            self.reward = float(reward if final is None else final)
+            self.correct = bool((info.get("reward_parts") or {}).get("correct"))
+        return obs["feedback"]
+
+    def final_reward(self) -> float | None:
+        """The episode's reward: as submitted; else the last code scored (as at truncation); no code: 0; an
+        infrastructure failure: None."""
+        if self.infra_error:
+            return None
+        if not self.done and self.has_code:
+            self.act({"tool": "submit", "source": ""})
+        if self.infra_error:
+            return None
+        return self.reward if self.reward is not None else 0.0

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import collections
 import functools
-import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import CommBenchError, SandboxError
+from ..errors import CommBenchError
 from ..scoring import LocalScorer, Score, Scorer, Submission, extract_code
+from .common import ToolEpisode
 
 
 def task_dataset(rows: Sequence[dict[str, Any]]) -> Any:
@@ -96,100 +96,28 @@ class CommBenchToolEnv:
     """One multi-turn episode per rollout, for GRPOTrainer's `environment_factory`.
 
     TRL exposes every public method but `reset` as a tool the model can call; each is one env step with the model's
-    complete file as `source`, and returns the judge's feedback. The env (a sandbox with a warm judge) is made at the
-    first reset and reused by the rollouts TRL gives this instance later. `remote=True` puts the env in a Ray actor
-    (ray_backend.RemoteEnv) on whichever node has room for a `world`-rank episode.
+    complete file as `source`, and returns the judge's feedback. The episode's rules (sandbox made at the first
+    reset and reused, infrastructure failures never scored, `remote=True` for a Ray actor) are `common.ToolEpisode`'s.
     """
 
     def __init__(self, sandbox: str = "local-cpu", max_turns: int = 6, *, remote: bool = False, world: int = 2,
                  **env_options: Any):
-        self._sandbox = sandbox
-        self._max_turns = max_turns
-        self._remote = remote
-        self._world = world
-        self._env_options = env_options
-        self._env: Any = None
-        self._finalizer: Any = None
-        self._new_episode()
+        self._episode = ToolEpisode(sandbox, max_turns, remote=remote, world=world, **env_options)
 
     @classmethod
     def factory(cls, **kwargs: Any) -> Callable[[], "CommBenchToolEnv"]:
         """A no-argument constructor for `environment_factory`, with these keyword arguments."""
         return functools.partial(cls, **kwargs)
 
-    def _new_episode(self) -> None:
-        self._done = False
-        self._reward: float | None = None
-        self._verdict: str | None = None
-        self._correct = False
-        self._has_code = False
-        self._infra_error: str | None = None
-
-    def _make_env(self, task_id: str) -> Any:
-        if self._remote:
-            from ..ray_backend import RemoteEnv
-
-            env = RemoteEnv(self._sandbox, world=self._world, max_turns=self._max_turns, **self._env_options)
-        else:
-            from ..env import CommBenchEnv
-
-            env = CommBenchEnv(task=task_id, sandbox=self._sandbox, max_turns=self._max_turns, **self._env_options)
-        self._finalizer = weakref.finalize(self, env.close)  # the sandbox goes when this instance does
-        return env
-
     def _drop_env(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-        self._env, self._finalizer = None, None
+        self._episode.close()
 
     def reset(self, **row: Any) -> str | None:
-        task = row.get("task")
-        if not task:
-            raise CommBenchError("each training row needs a 'task' column (see commbench_env.trainers.task_rows)")
-        self._new_episode()
-        options = {"task": task, "world_size": row.get("world_size")}
-        for attempt in (1, 2):
-            if self._env is None:
-                self._env = self._make_env(task)
-            try:
-                self._env.reset(options={k: v for k, v in options.items() if v is not None})
-                return None  # the row's prompt already holds the statement
-            except SandboxError as exc:
-                self._drop_env()
-                if attempt == 2:
-                    self._infra_error = f"{type(exc).__name__}: {exc}"
-        return None
+        self._episode.reset(row.get("task"), row.get("world_size"))
+        return None  # the row's prompt already holds the statement
 
     def _act(self, tool: str, source: str) -> str:
-        if self._infra_error:
-            return f"Infrastructure error, not your fault; this episode is not scored. ({self._infra_error})"
-        if self._done:
-            return "The episode is over (submitted, or the turn budget is used up); this call was not run."
-        try:
-            obs, reward, terminated, truncated, info = self._env.step({"tool": tool, "source": source})
-        except SandboxError as exc:
-            self._infra_error = f"{type(exc).__name__}: {exc}"
-            self._drop_env()
-            return f"Infrastructure error, not your fault; this episode is not scored. ({self._infra_error})"
-        self._has_code = self._has_code or bool(source)
-        if info.get("verdict"):
-            self._verdict = info["verdict"]
-        if terminated or truncated:
-            self._done = True
-            final = info.get("final_reward")  # the episode's reward, whatever per-turn shaping the env applies
-            self._reward = float(reward if final is None else final)
-            self._correct = bool((info.get("reward_parts") or {}).get("correct"))
-        return obs["feedback"]
-
-    def _final_reward(self) -> float | None:
-        """The episode's reward: as submitted; else the last code scored (as at truncation); no code: 0."""
-        if self._infra_error:
-            return None
-        if not self._done and self._has_code:
-            self._act("submit", "")
-        if self._infra_error:
-            return None
-        return self._reward if self._reward is not None else 0.0
+        return self._episode.act({"tool": tool, "source": source})
 
     # -- tools: the docstrings and type hints become the function schemas the model sees ----------------------
     def compile(self, source: str) -> str:
@@ -248,9 +176,10 @@ class CommBenchEpisodeReward:
         if environments is None:
             raise CommBenchError("CommBenchEpisodeReward needs GRPOTrainer(environment_factory=CommBenchToolEnv...)")
         envs = list(environments)
+        episodes = [e._episode for e in envs]
         with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(envs)))) as pool:
-            rewards = list(pool.map(lambda e: e._final_reward(), envs))
-        scores = [Score(reward=r, verdict=e._verdict, correct=e._correct) for r, e in zip(rewards, envs)]
+            rewards = list(pool.map(ToolEpisode.final_reward, episodes))
+        scores = [Score(reward=r, verdict=e.verdict, correct=e.correct) for r, e in zip(rewards, episodes)]
         self.last_scores = scores
         _log(kwargs, scores, self.verdicts)
         return rewards
