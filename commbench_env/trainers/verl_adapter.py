@@ -1,0 +1,216 @@
+"""verl's multi-turn agent loop on CommBench.
+
+`CommBenchAgentLoop` is a verl `AgentLoopBase`: verl's agent-loop workers run it once per trajectory. It opens a
+CommBench episode on the row's task, lets the policy call the env's tools (compile, check, benchmark, profile,
+submit) in its chat template's tool-call format (verl's `multi_turn.format` parser, `hermes` by default), feeds the
+judge's feedback back as tool messages (masked out of the loss), and returns the episode's reward as the
+trajectory's `reward_score`, which verl places on the last response token. A reply without a tool call is sent to
+the env as text (a fenced code block and a `tool: <name>` line also work).
+
+On verl's command line (`python -m verl.trainer.main_ppo`), with rows written by `write_verl_dataset`::
+
+    data.train_files=commbench_train.parquet data.val_files=commbench_train.parquet \\
+    actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.multi_turn.enable=True \\
+    actor_rollout_ref.rollout.agent.agent_loop_config_path=<VERL_AGENT_LOOP_CONFIG> \\
+    actor_rollout_ref.rollout.agent.default_agent_loop=commbench
+
+`VERL_AGENT_LOOP_CONFIG` (verl_agent_loops.yaml beside this file) registers the loop and holds its options
+(sandbox profile, turn budget). verl has no way to leave a sample out of a batch, so an episode the sandbox failed
+twice scores 0 with `commbench_infra_error` set in its extra fields and a warning logged; watch for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.experimental.agent_loop.tool_parser import ToolParser
+from verl.workers.rollout.replica import TokenOutput
+
+from .common import ToolEpisode, task_rows, tool_schemas
+
+AGENT_NAME = "commbench"
+VERL_AGENT_LOOP_CONFIG = Path(__file__).with_name("verl_agent_loops.yaml")
+log = logging.getLogger(__name__)
+
+
+def verl_rows(tasks: str = "smoke", *, sandbox: str = "local-cpu", world_size: int | None = None,
+              repeats: int = 1) -> list[dict[str, Any]]:
+    """Rows for verl's RLHFDataset: `prompt` (system + task statement), `agent_name` (this loop), `data_source`,
+    a `reward_model` stub verl's schema expects, and `extra_info` with the task id, world size and row index."""
+    rows = []
+    for i, row in enumerate(task_rows(tasks, sandbox=sandbox, world_size=world_size, repeats=repeats,
+                                      multi_turn=True)):
+        rows.append({"prompt": row["prompt"], "agent_name": AGENT_NAME, "data_source": "commbench",
+                     "reward_model": {"style": "commbench-judge", "ground_truth": ""},
+                     "extra_info": {"index": i, "task": row["task"], "world_size": row["world_size"]}})
+    return rows
+
+
+def write_verl_dataset(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Write `verl_rows` rows as the parquet file verl's `data.train_files` reads."""
+    import pandas as pd
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(list(rows)).to_parquet(path)
+    return path
+
+
+def verl_config(model: str | Path, data_file: str | Path, *, loop_config: str | Path = VERL_AGENT_LOOP_CONFIG,
+                overrides: Sequence[str] = ()) -> Any:
+    """verl's own trainer config (its ppo_trainer.yaml) with what a CommBench run sets: GRPO, the rows' file, raw chat
+    prompts, async multi-turn rollout with hermes tool calls, and this loop as the default agent loop; `overrides`
+    (Hydra syntax, as on verl's command line) come last."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    config_dir = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[
+            "algorithm.adv_estimator=grpo", f"data.train_files={data_file}", f"data.val_files={data_file}",
+            "data.max_prompt_length=4096", "data.max_response_length=4096", "data.return_raw_chat=True",
+            f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.calculate_log_probs=True",
+            "actor_rollout_ref.rollout.multi_turn.enable=True", "actor_rollout_ref.rollout.multi_turn.format=hermes",
+            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loop_config}",
+            f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
+            "actor_rollout_ref.rollout.agent.num_workers=1", *overrides])
+
+
+class _IdleEpisodes:
+    """Warm episodes (each a sandbox with its judge) kept between trajectories: verl makes a new agent loop for every
+    trajectory, and starting a sandbox costs a fresh interpreter importing torch."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[ToolEpisode]] = {}
+        self._lock = threading.Lock()
+
+    def borrow(self, key: str, make: Any) -> ToolEpisode:
+        with self._lock:
+            idle = self._idle.get(key)
+            if idle:
+                return idle.pop()
+        return make()
+
+    def give_back(self, key: str, episode: ToolEpisode) -> None:
+        if episode.infra_error:
+            episode.close()  # a sandbox that failed is not reused
+            return
+        with self._lock:
+            self._idle.setdefault(key, []).append(episode)
+
+
+_EPISODES = _IdleEpisodes()
+
+
+def _action(content: str, calls: list[Any]) -> tuple[Any, str | None]:
+    """The env action for one reply: its first tool call, else its text; and a note for unreadable arguments."""
+    if not calls:
+        return content, None
+    call = calls[0]
+    try:
+        args = json.loads(call.arguments or "{}")
+    except json.JSONDecodeError as exc:
+        return None, f"The arguments of your {call.name} call are not valid JSON ({exc}); nothing was run."
+    source = args.get("source", "") if isinstance(args, dict) else ""
+    note = "Only your first tool call was run." if len(calls) > 1 else None
+    return {"tool": call.name, "source": source if isinstance(source, str) else ""}, note
+
+
+@register(AGENT_NAME)
+class CommBenchAgentLoop(AgentLoopBase):
+    """One CommBench episode per trajectory; options come from the agent-loop config (or keyword arguments):
+    `sandbox` (profile that judges, default local-cpu), `max_turns` (the env's turn budget, default 4), `remote`
+    (judge in a Ray actor), and any CommBenchEnv option (e.g. `reward`)."""
+
+    def __init__(self, *args: Any, sandbox: str = "local-cpu", max_turns: int = 4, remote: bool = False,
+                 env_options: dict[str, Any] | None = None, **kwargs: Any):
+        kwargs.pop("tools", None)  # verl's own tool list: this loop's tools are the env's
+        super().__init__(*args, **kwargs)
+        self.sandbox = sandbox
+        self.max_turns = max_turns
+        self.remote = remote
+        self.env_options = dict(env_options or {})
+        self.response_length = self.rollout_config.response_length
+        self.tools = tool_schemas()
+        self.tool_parser = ToolParser.get_tool_parser(self.rollout_config.multi_turn.format, self.tokenizer)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        extra = dict(kwargs.get("extra_info") or {})
+        world = extra.get("world_size")
+        world = int(world) if world is not None else None
+        messages = list(kwargs["raw_prompt"])
+        key = json.dumps([self.sandbox, self.max_turns, self.remote, world, self.env_options], sort_keys=True,
+                         default=str)
+        episode = _EPISODES.borrow(key, lambda: ToolEpisode(self.sandbox, self.max_turns, remote=self.remote,
+                                                            world=world or 2, **self.env_options))
+        loop = asyncio.get_running_loop()
+        metrics: dict[str, Any] = {}
+        try:
+            await loop.run_in_executor(None, episode.reset, extra.get("task"), world)
+            prompt_ids = await self.ct_build_initial_tokens(messages, tools=self.tools)
+            runtime_ids, mask, logprobs = list(prompt_ids), [], []
+            request_id, turns = uuid4().hex, 1
+            while True:
+                out: TokenOutput = await self.server_manager.generate(
+                    request_id=request_id, prompt_ids=runtime_ids, sampling_params=sampling_params)
+                merged, mask, logprobs = await self.ct_merge_assistant_token(
+                    runtime_ids, out.token_ids, mask, logprobs if (logprobs or out.log_probs) else None,
+                    assistant_logprobs=out.log_probs or None)
+                runtime_ids, turns = merged.token_ids, turns + 1
+                if len(mask) >= self.response_length:
+                    break
+                content, calls = await self.tool_parser.extract_tool_calls(out.token_ids, self.tools)
+                action, note = _action(content, calls)
+                feedback = note or ""
+                if action is not None:
+                    feedback = await loop.run_in_executor(None, episode.act, action)
+                    feedback = f"{note}\n\n{feedback}" if note else feedback
+                if episode.done or episode.infra_error:
+                    break
+                previous = [*messages, self._assistant_message(content, calls)]
+                messages = [*previous, {"role": "tool" if calls else "user", "content": feedback}]
+                merged, new_mask, new_logprobs = await self.ct_merge_context_msg(
+                    previous, messages, runtime_ids, mask, logprobs or None, tools=self.tools)
+                if len(new_mask) >= self.response_length:
+                    break
+                runtime_ids, mask, logprobs, turns = merged.token_ids, new_mask, new_logprobs or [], turns + 1
+            reward = await loop.run_in_executor(None, episode.final_reward)
+        finally:
+            _EPISODES.give_back(key, episode)
+        extra_fields: dict[str, Any] = {"turn_scores": [], "tool_rewards": [],
+                                        "commbench_verdict": episode.verdict or "", "commbench_correct":
+                                        episode.correct, "commbench_infra_error": episode.infra_error or ""}
+        if reward is None:
+            log.warning("CommBench episode on %s not scored (infrastructure error: %s); verl cannot drop a sample, "
+                        "so it scores 0", extra.get("task"), episode.infra_error)
+            reward = 0.0
+        n_prompt = len(runtime_ids) - len(mask)
+        return AgentLoopOutput(
+            prompt_ids=runtime_ids[:n_prompt], response_ids=runtime_ids[n_prompt:][: self.response_length],
+            response_mask=mask[: self.response_length],
+            response_logprobs=logprobs[: self.response_length] if logprobs else None,
+            reward_score=float(reward), num_turns=turns, metrics=metrics, extra_fields=extra_fields)
+
+    @staticmethod
+    def _assistant_message(content: str, calls: list[Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": content or ""}
+        if calls:
+            message["tool_calls"] = [{"type": "function", "id": f"call_{i}", "function": {
+                "name": c.name, "arguments": _json_or_text(c.arguments)}} for i, c in enumerate(calls)]
+        return message
+
+
+def _json_or_text(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except (json.JSONDecodeError, TypeError):
+        return arguments
