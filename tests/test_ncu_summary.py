@@ -76,3 +76,17 @@ def test_kernel_rows_get_the_bandwidth_of_the_ops_bytes():
                       verdict=Verdict.passed, profile=[RankProfile(rank=0, case="v", wall_us=100, comm_us=100,
                                                                    compute_us=0, rows=torch_rows)])
     assert "671.1 GB/s" in res.feedback()
+
+
+def test_cuda_profile_says_its_kernel_table_holds_every_rank():
+    """CUDA ranks share one process: the one kernel table is shown with rank 0 and says so."""
+    from commbench_env.judge.result import RankProfile
+
+    rows = [{"name": "pull_kernel", "kind": "compute", "calls": 2, "total_us": 20.0, "mean_us": 10.0}]
+    profile = [RankProfile(rank=0, case="v", wall_us=105, comm_us=0, compute_us=105, rows=rows, rows_of_all_ranks=True),
+               RankProfile(rank=1, case="v", wall_us=104, comm_us=0, compute_us=104)]
+    text = JudgeResult(task_id="p2p/ipc_pull_copy", task_hash="x", mode="profile", world_size=2, device_mode="cuda",
+                       verdict=Verdict.passed, profile=profile).feedback()
+    assert "rank 0: wall 105 us (the kernels of every rank, which share one process:)" in text
+    assert "rank 1: wall 104 us\n" in text + "\n" and "torch.distributed" not in text
+    assert "pull_kernel" in text

@@ -140,7 +140,8 @@ class DeviceHostEvaluation(Evaluation):
             rows = kernel_bandwidth(h["rows"], op_bytes, gpu_rows_only=False) if r == 0 else []
             comm = sum(x["total_us"] for x in rows if x["kind"] == "comm")
             self.result.profile.append(RankProfile(rank=r, case=case.name, wall_us=wall, comm_us=comm,
-                                                   compute_us=max(0.0, wall - comm), rows=rows))
+                                                   compute_us=max(0.0, wall - comm), rows=rows,
+                                                   rows_of_all_ranks=r == 0))
         if h["rows"]:
             self.result.ncu = self.ncu_summary(case, seeds, specs, h["rows"][0]["name"])
 

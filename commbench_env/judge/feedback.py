@@ -78,8 +78,12 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
     if r.profile:
         lines += ["", "profile (one call, per rank):"]
         for p in r.profile:
-            lines.append(f"  rank {p.rank}: wall {p.wall_us:.0f} us, in torch.distributed {p.comm_us:.0f} us, "
-                         f"other {p.compute_us:.0f} us")
+            if any(q.rows_of_all_ranks for q in r.profile):  # CUDA task: one process, one kernel table
+                lines.append(f"  rank {p.rank}: wall {p.wall_us:.0f} us"
+                             + (" (the kernels of every rank, which share one process:)" if p.rows_of_all_ranks else ""))
+            else:
+                lines.append(f"  rank {p.rank}: wall {p.wall_us:.0f} us, in torch.distributed {p.comm_us:.0f} us, "
+                             f"other {p.compute_us:.0f} us")
             for row in p.rows[:8]:
                 lines.append(f"    {row.kind:<8} {row.name:<40} calls {row.calls:>4}  total {row.total_us:>9.1f} us"
                              + (f"  {row.gbps:.1f} GB/s" if row.gbps else ""))

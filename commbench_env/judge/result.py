@@ -128,6 +128,8 @@ class RankProfile(StrictModel):
     comm_us: float
     compute_us: float
     rows: list[ProfileRow] = Field(default_factory=list)
+    # CUDA tasks: every rank runs in one process, so one profile holds all ranks' kernels; it is given with rank 0
+    rows_of_all_ranks: bool = False
 
 
 class SanitizerReport(StrictModel):
