@@ -11,7 +11,13 @@ Each cell plays the same episodes (the `reference` agent: check the starter, che
 a cold start (sandboxes and Ray workers are started inside the timing; Ray's own start is not), after one warm-up
 that caches the reference figures, so every column times the same judge work.
 
-    python benchmarks/throughput.py [--repeats 2] [--concurrency 1,2,4] [--sandbox local-cpu]
+    python benchmarks/throughput.py [--repeats 2] [--concurrency 1,2,4] [--sandbox local-cpu] [--tasks smoke]
+
+On a GPU machine, `cuda-shared` tasks (every rank on one GPU), one per category:
+
+    python benchmarks/throughput.py --sandbox local-gpu-shared --tasks gpu-smoke
+
+Tasks that cannot run in the sandbox's device mode are left out, and the table says which ran.
 """
 
 from __future__ import annotations
@@ -29,17 +35,20 @@ from rich.table import Table
 
 import commbench_env  # noqa: F401
 from commbench_env.agents import load_agent
-from commbench_env.cards import SMOKE_SET, load_task
+from commbench_env.cards import load_task, select_tasks
 from commbench_env.evaluation import run_eval
 from commbench_env.judge.client import JudgeClient
 from commbench_env.pool import SandboxPool
 from commbench_env.reference import reference_figures
 from commbench_env.rollouts import EpisodePool, EpisodeRequest
 from commbench_env.runner import pick_world
-from commbench_env.sandbox import open_sandbox
+from commbench_env.sandbox import load_profile, open_sandbox
 
 AGENT = "reference"
 MAX_TURNS = 3
+# one CUDA task per category: all run in cuda-shared, so a single-GPU machine can play them
+GPU_SMOKE = "p2p/ipc_push_copy,collective/allreduce_twoshot,ep/dispatch_cuda,fusion/allreduce_residual_rmsnorm," \
+            "utility/flag_barrier"
 
 
 class Cell:
@@ -145,14 +154,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="episodes per smoke task in each cell")
     ap.add_argument("--concurrency", default="1,2,4")
     ap.add_argument("--sandbox", default="local-cpu")
+    ap.add_argument("--tasks", default="smoke", help="task selector, or gpu-smoke (one CUDA task per category)")
     a = ap.parse_args()
     console = Console(width=None if Console().is_terminal else 150)
-    tasks = list(SMOKE_SET)
+    mode = load_profile(a.sandbox).device_mode
+    selector = GPU_SMOKE if a.tasks == "gpu-smoke" else a.tasks
+    wanted = select_tasks(selector)
+    tasks = [t.id for t in select_tasks(selector, device_mode=mode)]
+    if not tasks:
+        raise SystemExit(f"none of the tasks {a.tasks!r} runs in {a.sandbox}'s device mode {mode}: pick others "
+                         "(commbench tasks --device-mode ...)")
+    if len(tasks) < len(wanted):
+        console.print(f"left out (not in device mode {mode}): {sorted({t.id for t in wanted} - set(tasks))}")
     levels = [int(x) for x in a.concurrency.split(",")]
     console.print(f"warming the reference cache for {len(tasks)} tasks ...")
     warm_reference_cache(a.sandbox, tasks)
     ray_cell, ray_note = ray_runner()
-    table = Table(title=f"Episodes per minute: smoke set ({len(tasks)} tasks x {a.repeats}), agent '{AGENT}', "
+    table = Table(title=f"Episodes per minute: {', '.join(tasks)} (x {a.repeats}), agent '{AGENT}', "
                         f"sandbox {a.sandbox}")
     for col in ("in flight", "commbench eval (env per episode)", "EpisodePool + SandboxPool", "pool figures",
                 "Ray (run_episodes_ray)"):

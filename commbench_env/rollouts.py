@@ -170,8 +170,10 @@ class EpisodePool:
                 self._envs.remove(env)
                 await env.aclose(executor=self._executor)
 
-    async def _new_env(self) -> CommBenchEnv:
-        kwargs = dict(self.env_kwargs)
+    async def _new_env(self, req: EpisodeRequest) -> CommBenchEnv:
+        # made on the first request's task, so that its device mode is the one checked against the sandbox's (the
+        # env's default task may not run there); later episodes reset it onto theirs
+        kwargs = {"task": req.task, **self.env_kwargs}
         if self.sandbox_pool is not None:
             kwargs["sandbox_pool"] = self.sandbox_pool
         env = await asyncio.get_running_loop().run_in_executor(self._executor, lambda: CommBenchEnv(**kwargs))
@@ -184,7 +186,7 @@ class EpisodePool:
         while True:
             outcome.attempts += 1
             if env is None:
-                env = await self._new_env()
+                env = await self._new_env(req)
             try:
                 await self._play(env, req, outcome)
                 outcome.error = None

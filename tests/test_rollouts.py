@@ -114,3 +114,19 @@ def test_a_card_error_stops_the_run(trace_dir):
 
     with pytest.raises(Exception, match="no task 'no/such_task'"):
         asyncio.run(main())
+
+
+
+def test_envs_are_made_on_the_requests_task(trace_dir):
+    """The pool makes each env on its first request's task: the env's default task (a torch task that runs in
+    `cpu` and `cuda` only) must not decide whether a `cuda-shared` sandbox is allowed. Without a GPU the episode
+    is played, and its checks say the task needs one."""
+    async def main():
+        async with EpisodePool(lambda req: load_agent("reference"), infra_retries=0, env_kwargs={
+                "sandbox": "local-gpu-shared", "max_turns": 2, "trace_dir": str(trace_dir)}) as pool:
+            return await pool.run(["p2p/ipc_push_copy"])
+
+    (outcome,) = asyncio.run(main())
+    assert outcome.ok and outcome.verdict == "runtime_error" and outcome.final_reward == 0.0
+    (trace,) = trace_dir.glob("*.jsonl")
+    assert "needs a GPU" in trace.read_text()
