@@ -168,7 +168,9 @@ def main() -> None:
         console.print(f"left out (not in device mode {mode}): {sorted({t.id for t in wanted} - set(tasks))}")
     levels = [int(x) for x in a.concurrency.split(",")]
     console.print(f"warming the reference cache for {len(tasks)} tasks ...")
+    t0 = time.perf_counter()
     warm_reference_cache(a.sandbox, tasks)
+    console.print(f"reference cache warm in {time.perf_counter() - t0:.0f} s")
     ray_cell, ray_note = ray_runner()
     table = Table(title=f"Episodes per minute: {', '.join(tasks)} (x {a.repeats}), agent '{AGENT}', "
                         f"sandbox {a.sandbox}")
@@ -188,6 +190,8 @@ def main() -> None:
                 except Exception as exc:  # noqa: BLE001 - the column reports it; the others stand
                     ray = Cell(note=f"error: {type(exc).__name__}: {str(exc)[:80]}")
             table.add_row(str(c), str(base), str(pooled), stats, str(ray))
+            # each row as soon as it is measured, so a run cut short still reports what it finished
+            console.print(f"  {c} in flight: env per episode {base} | pool {pooled} ({stats}) | Ray {ray}")
     finally:
         if ray_cell is not None:
             import ray as ray_mod
