@@ -129,3 +129,10 @@ def test_grpo_example_runs_on_cpu(tmp_path):
     # 2 steps x 2 prompts x 2 generations, each episode two model replies (turn budget 2)
     assert sum(summary["verdicts"].values()) == 8 and summary["generate_calls"] == 16
     assert all(np.isfinite(summary["losses"]))
+
+
+def test_without_verl_the_import_says_what_to_install():
+    code = ("import sys; sys.modules['verl'] = None\n"
+            "try:\n    import commbench_env.trainers.verl_adapter\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "pip install 'commbench-env[verl]'" in out.stdout, out.stdout + out.stderr

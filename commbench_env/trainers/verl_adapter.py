@@ -30,9 +30,12 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
-from verl.experimental.agent_loop.tool_parser import ToolParser
-from verl.workers.rollout.replica import TokenOutput
+try:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+    from verl.workers.rollout.replica import TokenOutput
+except ImportError as exc:  # the loop subclasses verl's, so verl must be importable
+    raise ImportError(f"the verl adapter needs verl 0.9 ({exc}): pip install 'commbench-env[verl]'") from exc
 
 from .common import ToolEpisode, task_rows, tool_schemas
 
