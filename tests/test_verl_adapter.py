@@ -63,11 +63,11 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
-def rollout(tiny_dir: Path, tmp_path: Path, scripts: list[list[str]], max_turns: int = 2):
+def rollout(tiny_dir: Path, tmp_path: Path, scripts: list[list[str]], max_turns: int = 2, options: str = ""):
     data = write_verl_dataset(verl_rows(TASK, world_size=2), tmp_path / "train.parquet")
     loops = tmp_path / "loops.yaml"
     loops.write_text(f"- name: {AGENT_NAME}\n  _target_: commbench_env.trainers.verl_adapter.CommBenchAgentLoop\n"
-                     f"  max_turns: {max_turns}\n  env_options:\n    trace_dir: {tmp_path / 'traces'}\n")
+                     f"  max_turns: {max_turns}\n{options}  env_options:\n    trace_dir: {tmp_path / 'traces'}\n")
     cfg = verl_config(tiny_dir, data, loop_config=loops, overrides=[
         "data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"])
@@ -116,6 +116,21 @@ def test_agent_loop_judges_tool_calls_and_places_the_episode_reward(tiny_dir, tm
         tail = tok.decode(second[len(first):])
         assert second[:len(first)] == first and ("verdict:" in tail or "Could not parse" in tail)
     assert len(list((tmp_path / "traces").glob("*.jsonl"))) == 3   # each episode recorded like any other
+    # verl's per-trajectory metrics: time generating, and time in the env (every reply reached it)
+    assert all(m["generate_sequences"] > 0 and m["tool_calls"] > 0 for m in out.meta_info["metrics"])
+
+
+def test_max_sandboxes_bounds_the_trajectories_that_hold_one(tiny_dir, tmp_path):
+    """With max_sandboxes 1, the three trajectories play one after another on one warm sandbox, which stays for the
+    next batch; without a bound, each would have made its own."""
+    from commbench_env.trainers import verl_adapter
+
+    scripts = [[tool_call("check", load_task(TASK).reference_source()), "done<|im_end|>"]] * 3
+    out, server, _ = rollout(tiny_dir, tmp_path, scripts, options="  max_sandboxes: 1\n")
+    assert list(out.non_tensor_batch["commbench_verdict"]) == ["pass"] * 3
+    assert all(float(r.sum()) >= 0.5 for r in out.batch["rm_scores"])  # unsubmitted: the last code is scored
+    keys = [k for k in verl_adapter._EPISODES._idle if str(tmp_path) in k]
+    assert len(keys) == 1 and verl_adapter._EPISODES.idle(keys[0]) == 1
 
 
 def test_grpo_example_runs_on_cpu(tmp_path):

@@ -15,17 +15,19 @@ On verl's command line (`python -m verl.trainer.main_ppo`), with rows written by
     actor_rollout_ref.rollout.agent.default_agent_loop=commbench
 
 `VERL_AGENT_LOOP_CONFIG` (verl_agent_loops.yaml beside this file) registers the loop and holds its options
-(sandbox profile, turn budget). verl has no way to leave a sample out of a batch, so an episode the sandbox failed
+(sandbox profile, turn budget, how many trajectories of a worker hold a sandbox at once). verl has no way to leave a sample out of a batch, so an episode the sandbox failed
 twice scores 0 with `commbench_infra_error` set in its extra fields and a warning logged; watch for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -33,6 +35,7 @@ from uuid import uuid4
 try:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
     from verl.experimental.agent_loop.tool_parser import ToolParser
+    from verl.utils.profiler import simple_timer
     from verl.workers.rollout.replica import TokenOutput
 except ImportError as exc:  # the loop subclasses verl's, so verl must be importable
     raise ImportError(f"the verl adapter needs verl 0.9 ({exc}): pip install 'commbench-env[verl]'") from exc
@@ -90,25 +93,37 @@ def verl_config(model: str | Path, data_file: str | Path, *, loop_config: str | 
 
 class _IdleEpisodes:
     """Warm episodes (each a sandbox with its judge) kept between trajectories: verl makes a new agent loop for every
-    trajectory, and starting a sandbox costs a fresh interpreter importing torch."""
+    trajectory, and starting a sandbox costs a fresh interpreter importing torch. `episode()` also bounds how many
+    trajectories of one event loop hold a sandbox at once (`max_sandboxes`): each is a judge and its rank processes,
+    and a worker runs every trajectory of its share of the batch at once. The bound is an asyncio semaphore, so
+    waiting trajectories hold no executor thread that a running one needs for its judge calls."""
 
     def __init__(self) -> None:
         self._idle: dict[str, list[ToolEpisode]] = {}
         self._lock = threading.Lock()
+        self._gates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> key -> semaphore
 
-    def borrow(self, key: str, make: Any) -> ToolEpisode:
+    def idle(self, key: str) -> int:
         with self._lock:
-            idle = self._idle.get(key)
-            if idle:
-                return idle.pop()
-        return make()
+            return len(self._idle.get(key, []))
 
-    def give_back(self, key: str, episode: ToolEpisode) -> None:
-        if episode.infra_error:
-            episode.close()  # a sandbox that failed is not reused
-            return
-        with self._lock:
-            self._idle.setdefault(key, []).append(episode)
+    @contextlib.asynccontextmanager
+    async def episode(self, key: str, limit: int | None, make: Any) -> AsyncIterator[ToolEpisode]:
+        gates = self._gates.setdefault(asyncio.get_running_loop(), {})
+        gate = gates.setdefault(key, asyncio.Semaphore(limit)) if limit else contextlib.AsyncExitStack()
+        async with gate:
+            with self._lock:
+                idle = self._idle.get(key)
+                episode = idle.pop() if idle else None
+            episode = episode or make()
+            try:
+                yield episode
+            finally:
+                if episode.infra_error:
+                    episode.close()  # a sandbox that failed is not reused
+                else:
+                    with self._lock:
+                        self._idle.setdefault(key, []).append(episode)
 
 
 _EPISODES = _IdleEpisodes()
@@ -132,15 +147,17 @@ def _action(content: str, calls: list[Any]) -> tuple[Any, str | None]:
 class CommBenchAgentLoop(AgentLoopBase):
     """One CommBench episode per trajectory; options come from the agent-loop config (or keyword arguments):
     `sandbox` (profile that judges, default local-cpu), `max_turns` (the env's turn budget, default 4), `remote`
-    (judge in a Ray actor), and any CommBenchEnv option (e.g. `reward`)."""
+    (judge in a Ray actor), `max_sandboxes` (trajectories of one agent-loop worker that play at once, each holding
+    a sandbox; default 8, None for no bound) and `env_options` (CommBenchEnv options, e.g. `reward`)."""
 
     def __init__(self, *args: Any, sandbox: str = "local-cpu", max_turns: int = 4, remote: bool = False,
-                 env_options: dict[str, Any] | None = None, **kwargs: Any):
+                 max_sandboxes: int | None = 8, env_options: dict[str, Any] | None = None, **kwargs: Any):
         kwargs.pop("tools", None)  # verl's own tool list: this loop's tools are the env's
         super().__init__(*args, **kwargs)
         self.sandbox = sandbox
         self.max_turns = max_turns
         self.remote = remote
+        self.max_sandboxes = max_sandboxes
         self.env_options = dict(env_options or {})
         self.response_length = self.rollout_config.response_length
         self.tools = tool_schemas()
@@ -150,45 +167,16 @@ class CommBenchAgentLoop(AgentLoopBase):
         extra = dict(kwargs.get("extra_info") or {})
         world = extra.get("world_size")
         world = int(world) if world is not None else None
-        messages = list(kwargs["raw_prompt"])
         key = json.dumps([self.sandbox, self.max_turns, self.remote, world, self.env_options], sort_keys=True,
                          default=str)
-        episode = _EPISODES.borrow(key, lambda: ToolEpisode(self.sandbox, self.max_turns, remote=self.remote,
-                                                            world=world or 2, **self.env_options))
-        loop = asyncio.get_running_loop()
-        metrics: dict[str, Any] = {}
-        try:
-            await loop.run_in_executor(None, episode.reset, extra.get("task"), world)
-            prompt_ids = await self.ct_build_initial_tokens(messages, tools=self.tools)
-            runtime_ids, mask, logprobs = list(prompt_ids), [], []
-            request_id, turns = uuid4().hex, 1
-            while True:
-                out: TokenOutput = await self.server_manager.generate(
-                    request_id=request_id, prompt_ids=runtime_ids, sampling_params=sampling_params)
-                merged, mask, logprobs = await self.ct_merge_assistant_token(
-                    runtime_ids, out.token_ids, mask, logprobs if (logprobs or out.log_probs) else None,
-                    assistant_logprobs=out.log_probs or None)
-                runtime_ids, turns = merged.token_ids, turns + 1
-                if len(mask) >= self.response_length:
-                    break
-                content, calls = await self.tool_parser.extract_tool_calls(out.token_ids, self.tools)
-                action, note = _action(content, calls)
-                feedback = note or ""
-                if action is not None:
-                    feedback = await loop.run_in_executor(None, episode.act, action)
-                    feedback = f"{note}\n\n{feedback}" if note else feedback
-                if episode.done or episode.infra_error:
-                    break
-                previous = [*messages, self._assistant_message(content, calls)]
-                messages = [*previous, {"role": "tool" if calls else "user", "content": feedback}]
-                merged, new_mask, new_logprobs = await self.ct_merge_context_msg(
-                    previous, messages, runtime_ids, mask, logprobs or None, tools=self.tools)
-                if len(new_mask) >= self.response_length:
-                    break
-                runtime_ids, mask, logprobs, turns = merged.token_ids, new_mask, new_logprobs or [], turns + 1
-            reward = await loop.run_in_executor(None, episode.final_reward)
-        finally:
-            _EPISODES.give_back(key, episode)
+        make = lambda: ToolEpisode(self.sandbox, self.max_turns, remote=self.remote,  # noqa: E731
+                                   world=world or 2, **self.env_options)
+        async with _EPISODES.episode(key, self.max_sandboxes, make) as episode:
+            await asyncio.get_running_loop().run_in_executor(None, episode.reset, extra.get("task"), world)
+            metrics: dict[str, float] = {}  # verl's AgentLoopMetrics: seconds generating and in tool calls
+            runtime_ids, mask, logprobs, turns = await self._play(episode, list(kwargs["raw_prompt"]),
+                                                                  sampling_params, metrics)
+            reward = await asyncio.get_running_loop().run_in_executor(None, episode.final_reward)
         extra_fields: dict[str, Any] = {"turn_scores": [], "tool_rewards": [],
                                         "commbench_verdict": episode.verdict or "", "commbench_correct":
                                         episode.correct, "commbench_infra_error": episode.infra_error or ""}
@@ -202,6 +190,42 @@ class CommBenchAgentLoop(AgentLoopBase):
             response_mask=mask[: self.response_length],
             response_logprobs=logprobs[: self.response_length] if logprobs else None,
             reward_score=float(reward), num_turns=turns, metrics=metrics, extra_fields=extra_fields)
+
+    async def _play(self, episode: ToolEpisode, messages: list[dict[str, Any]], sampling_params: dict[str, Any],
+                    metrics: dict[str, float]) -> tuple[list[int], list[int], list[float], int]:
+        """Generate, act, append the feedback, until the episode ends or the response budget is spent; returns the
+        token ids (prompt then response), the response mask and log-probs, and the number of turns."""
+        loop = asyncio.get_running_loop()
+        prompt_ids = await self.ct_build_initial_tokens(messages, tools=self.tools)
+        runtime_ids, mask, logprobs = list(prompt_ids), [], []
+        request_id, turns = uuid4().hex, 1
+        while True:
+            with simple_timer("generate_sequences", metrics):
+                out: TokenOutput = await self.server_manager.generate(
+                    request_id=request_id, prompt_ids=runtime_ids, sampling_params=sampling_params)
+            merged, mask, logprobs = await self.ct_merge_assistant_token(
+                runtime_ids, out.token_ids, mask, logprobs if (logprobs or out.log_probs) else None,
+                assistant_logprobs=out.log_probs or None)
+            runtime_ids, turns = merged.token_ids, turns + 1
+            if len(mask) >= self.response_length:
+                break
+            content, calls = await self.tool_parser.extract_tool_calls(out.token_ids, self.tools)
+            action, note = _action(content, calls)
+            feedback = note or ""
+            if action is not None:
+                with simple_timer("tool_calls", metrics):
+                    feedback = await loop.run_in_executor(None, episode.act, action)
+                feedback = f"{note}\n\n{feedback}" if note else feedback
+            if episode.done or episode.infra_error:
+                break
+            previous = [*messages, self._assistant_message(content, calls)]
+            messages = [*previous, {"role": "tool" if calls else "user", "content": feedback}]
+            merged, new_mask, new_logprobs = await self.ct_merge_context_msg(
+                previous, messages, runtime_ids, mask, logprobs or None, tools=self.tools)
+            if len(new_mask) >= self.response_length:
+                break
+            runtime_ids, mask, logprobs, turns = merged.token_ids, new_mask, new_logprobs or [], turns + 1
+        return runtime_ids, mask, logprobs, turns
 
     @staticmethod
     def _assistant_message(content: str, calls: list[Any]) -> dict[str, Any]:
