@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import tempfile
 import threading
 import time
@@ -106,6 +107,17 @@ def response_logprobs(model: Any, batch: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
+    import torch
+
+    torch.manual_seed(a.seed)
+    work = Path(tempfile.mkdtemp(prefix="commbench-verl-"))  # the tiny model, the rows, the loop's config
+    try:
+        return train(a, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def train(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     import numpy as np
     import torch
     from omegaconf import OmegaConf
@@ -120,8 +132,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from commbench_env.trainers.verl_adapter import (VERL_AGENT_LOOP_CONFIG, verl_config, verl_rows,
                                                       write_verl_dataset)
 
-    torch.manual_seed(a.seed)
-    work = Path(tempfile.mkdtemp(prefix="commbench-verl-"))
     tok = tiny_tokenizer(corpus(t.id for t in select_tasks(a.tasks)))
     model = tiny_model(tok, seed=a.seed)
     model.save_pretrained(work / "model")
