@@ -257,6 +257,45 @@ def report_cmd(runs: list[Path] = typer.Argument(..., help="one or more run fold
     console.print(f"written {md} and {', '.join(str(p) for p in pngs)}")
 
 
+@app.command("rows")
+def rows_cmd(out: Path = typer.Option(..., help="file to write: .parquet (verl's data.train_files) or .jsonl"),
+             tasks: str = typer.Option("smoke", help="task selector"),
+             trainer: str = typer.Option("verl", help="verl (its RLHFDataset's columns, multi-turn) | trl"),
+             world: Optional[int] = typer.Option(None, help="world size where a task allows it"),
+             repeats: int = typer.Option(1, help="rows per task"),
+             sandbox: str = typer.Option("local-cpu", help="tasks that cannot run in this profile are left out"),
+             multi_turn: bool = typer.Option(False, "--multi-turn", help="trl: the tool-calling system prompt")) -> None:
+    """Write training rows (one per task and repeat: the prompt the agent sees, the task id, the world size)."""
+    from .trainers import task_rows
+
+    if trainer not in ("verl", "trl"):
+        _fail(CommBenchError(f"--trainer must be verl or trl, not {trainer!r}"))
+    if out.suffix not in (".parquet", ".jsonl"):
+        _fail(CommBenchError(f"{out}: the file must end in .parquet or .jsonl"))
+    try:
+        if trainer == "verl":
+            from .trainers.verl_adapter import verl_rows
+
+            rows = verl_rows(tasks, sandbox=sandbox, world_size=world, repeats=repeats)
+        else:
+            rows = task_rows(tasks, sandbox=sandbox, world_size=world, repeats=repeats, multi_turn=multi_turn)
+    except (CommBenchError, ImportError) as exc:
+        _fail(exc)
+    if not rows:
+        _fail(CommBenchError(f"no task of {tasks!r} runs in sandbox {sandbox!r}"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        try:
+            import pandas as pd
+        except ImportError:
+            _fail(CommBenchError("writing parquet needs pandas: pip install pandas, or write .jsonl"))
+        pd.DataFrame(rows).to_parquet(out)
+    else:
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    console.print(f"{len(rows)} rows ({len({r.get('task') or r['extra_info']['task'] for r in rows})} tasks) "
+                  f"for {trainer} written to {out}")
+
+
 @app.command("validate")
 def validate_cmd(tasks: str = typer.Option("all", help="task selector"),
                  worlds: str = typer.Option("2,4", help="world sizes to check, where each task allows them"),

@@ -14,8 +14,7 @@ the loop runs end to end.
 
 For real (a GPU host, `pip install verl[vllm]` as verl's docs say; CommBench's rows and loop are the same):
 
-    python -c "from commbench_env.trainers.verl_adapter import *; \\
-               write_verl_dataset(verl_rows('smoke', world_size=2, repeats=64), 'commbench.parquet')"
+    commbench rows --trainer verl --tasks smoke --world 2 --repeats 64 --out commbench.parquet
     python -m verl.trainer.main_ppo algorithm.adv_estimator=grpo \\
         data.train_files=commbench.parquet data.val_files=commbench.parquet \\
         data.max_prompt_length=4096 data.max_response_length=8192 data.return_raw_chat=True \\

@@ -54,3 +54,20 @@ def test_run_plays_episodes_and_writes_traces(tmp_path):
 def test_unknown_agent_is_a_clear_error():
     out = cli("run", "--agent", "nobody")
     assert out.returncode == 2 and "no agent card" in out.stderr
+
+
+def test_rows_for_verl_and_trl(tmp_path):
+    import pandas as pd
+
+    out = cli("rows", "--out", str(tmp_path / "train.parquet"), "--tasks", "p2p/ring_shift,collective/allreduce_ring",
+              "--world", "2", "--repeats", "3")
+    assert out.returncode == 0 and "6 rows (2 tasks) for verl" in out.stdout, out.stderr
+    df = pd.read_parquet(tmp_path / "train.parquet")
+    assert list(df["agent_name"]) == ["commbench"] * 6
+    assert sorted({e["task"] for e in df["extra_info"]}) == ["collective/allreduce_ring", "p2p/ring_shift"]
+    assert "def ring_shift" in df["prompt"][0][1]["content"] and "submit" in df["prompt"][0][0]["content"]
+    out = cli("rows", "--trainer", "trl", "--out", str(tmp_path / "train.jsonl"), "--tasks", "p2p/ring_shift")
+    (row,) = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert out.returncode == 0 and row["task"] == "p2p/ring_shift" and row["prompt"][0]["role"] == "system"
+    bad = cli("rows", "--out", str(tmp_path / "x.parquet"), "--tasks", "p2p/ipc_push_copy")  # a CUDA task, cpu sandbox
+    assert bad.returncode == 2 and "runs in sandbox 'local-cpu'" in bad.stderr and "Traceback" not in bad.stderr
