@@ -173,7 +173,7 @@ class EpisodePool:
     async def _new_env(self, req: EpisodeRequest) -> CommBenchEnv:
         # made on the first request's task, so that its device mode is the one checked against the sandbox's (the
         # env's default task may not run there); later episodes reset it onto theirs
-        kwargs = {"task": req.task, **self.env_kwargs}
+        kwargs = {**self.env_kwargs, "task": req.task}
         if self.sandbox_pool is not None:
             kwargs["sandbox_pool"] = self.sandbox_pool
         env = await asyncio.get_running_loop().run_in_executor(self._executor, lambda: CommBenchEnv(**kwargs))
