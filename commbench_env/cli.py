@@ -264,7 +264,8 @@ def rows_cmd(out: Path = typer.Option(..., help="file to write: .parquet (verl's
              world: Optional[int] = typer.Option(None, help="world size where a task allows it"),
              repeats: int = typer.Option(1, help="rows per task"),
              sandbox: str = typer.Option("local-cpu", help="tasks that cannot run in this profile are left out"),
-             multi_turn: bool = typer.Option(False, "--multi-turn", help="trl: the tool-calling system prompt")) -> None:
+             multi_turn: bool = typer.Option(False, "--multi-turn",
+                                             help="trl: the tool-calling system prompt")) -> None:
     """Write training rows (one per task and repeat: the prompt the agent sees, the task id, the world size)."""
     from .trainers import task_rows
 

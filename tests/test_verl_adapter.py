@@ -112,6 +112,8 @@ def test_agent_loop_judges_tool_calls_and_places_the_episode_reward(tiny_dir, tm
         assert out.non_tensor_batch["__num_turns__"][i] == 4    # prompt, reply, feedback, reply
     assert seen == {0, 1, 2}
     # each second reply was generated with the judge's feedback to the first in its context
+    first_prompt = tok.decode(server.prompts[0][0])  # the tools the model was shown: a torch task has no sanitize
+    assert '"name": "submit"' in first_prompt and '"name": "sanitize"' not in first_prompt
     for first, second in server.prompts.values():
         tail = tok.decode(second[len(first):])
         assert second[:len(first)] == first and ("verdict:" in tail or "Could not parse" in tail)
@@ -151,3 +153,11 @@ def test_without_verl_the_import_says_what_to_install():
             "try:\n    import commbench_env.trainers.verl_adapter\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "pip install 'commbench-env[verl]'" in out.stdout, out.stdout + out.stderr
+
+
+def test_cuda_tasks_also_get_the_sanitize_tool():
+    from commbench_env.trainers.common import tool_schemas
+
+    names = lambda task: [t["function"]["name"] for t in tool_schemas(task)]  # noqa: E731
+    assert names(TASK) == ["compile", "check", "benchmark", "profile", "submit"]
+    assert names("p2p/ipc_push_copy") == ["compile", "check", "benchmark", "profile", "submit", "sanitize"]

@@ -35,8 +35,14 @@ def task_rows(tasks: str = "smoke", *, sandbox: str = "local-cpu", world_size: i
     return rows
 
 
-def tool_schemas(tools: tuple[str, ...] = ("compile", "check", "benchmark", "profile", "submit")) -> list[dict]:
-    """The env's tools as OpenAI function schemas (what chat templates render as the model's tools)."""
+def tool_schemas(task_id: str | None = None) -> list[dict]:
+    """The env's tools as OpenAI function schemas (what chat templates render as the model's tools): compile,
+    check, benchmark, profile and submit, plus sanitize for a CUDA task."""
+    from ..cards import load_task
+
+    tools = {"compile", "check", "benchmark", "profile", "submit"}
+    if task_id and load_task(task_id).card.language.value == "cuda":
+        tools.add("sanitize")
     return [{"type": "function", "function": spec} for spec in TOOL_SPECS if spec["name"] in tools]
 
 

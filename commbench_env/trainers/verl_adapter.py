@@ -2,12 +2,13 @@
 
 `CommBenchAgentLoop` is a verl `AgentLoopBase`: verl's agent-loop workers run it once per trajectory. It opens a
 CommBench episode on the row's task, lets the policy call the env's tools (compile, check, benchmark, profile,
-submit) in its chat template's tool-call format (verl's `multi_turn.format` parser, `hermes` by default), feeds the
-judge's feedback back as tool messages (masked out of the loss), and returns the episode's reward as the
-trajectory's `reward_score`, which verl places on the last response token. A reply without a tool call is sent to
-the env as text (a fenced code block and a `tool: <name>` line also work).
+submit; sanitize too for CUDA tasks) in its chat template's tool-call format (verl's `multi_turn.format` parser,
+`hermes` by default), feeds the judge's feedback back as tool messages (masked out of the loss), and returns the
+episode's reward as the trajectory's `reward_score`, which verl places on the last response token. A reply without
+a tool call is sent to the env as text (a fenced code block and a `tool: <name>` line also work).
 
-On verl's command line (`python -m verl.trainer.main_ppo`), with rows written by `write_verl_dataset`::
+On verl's command line (`python -m verl.trainer.main_ppo`), with rows written by `write_verl_dataset` (or
+`commbench rows --out commbench_train.parquet`)::
 
     data.train_files=commbench_train.parquet data.val_files=commbench_train.parquet \\
     actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.multi_turn.enable=True \\
@@ -15,8 +16,9 @@ On verl's command line (`python -m verl.trainer.main_ppo`), with rows written by
     actor_rollout_ref.rollout.agent.default_agent_loop=commbench
 
 `VERL_AGENT_LOOP_CONFIG` (verl_agent_loops.yaml beside this file) registers the loop and holds its options
-(sandbox profile, turn budget, how many trajectories of a worker hold a sandbox at once). verl has no way to leave a sample out of a batch, so an episode the sandbox failed
-twice scores 0 with `commbench_infra_error` set in its extra fields and a warning logged; watch for it.
+(sandbox profile, turn budget, how many trajectories of a worker hold a sandbox at once). verl has no way to leave
+a sample out of a batch, so an episode the sandbox failed twice scores 0 with `commbench_infra_error` set in its
+extra fields and a warning logged; watch for it.
 """
 
 from __future__ import annotations
@@ -160,7 +162,6 @@ class CommBenchAgentLoop(AgentLoopBase):
         self.max_sandboxes = max_sandboxes
         self.env_options = dict(env_options or {})
         self.response_length = self.rollout_config.response_length
-        self.tools = tool_schemas()
         self.tool_parser = ToolParser.get_tool_parser(self.rollout_config.multi_turn.format, self.tokenizer)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
@@ -175,7 +176,8 @@ class CommBenchAgentLoop(AgentLoopBase):
             await asyncio.get_running_loop().run_in_executor(None, episode.reset, extra.get("task"), world)
             metrics: dict[str, float] = {}  # verl's AgentLoopMetrics: seconds generating and in tool calls
             runtime_ids, mask, logprobs, turns = await self._play(episode, list(kwargs["raw_prompt"]),
-                                                                  sampling_params, metrics)
+                                                                  tool_schemas(extra.get("task")), sampling_params,
+                                                                  metrics)
             reward = await asyncio.get_running_loop().run_in_executor(None, episode.final_reward)
         extra_fields: dict[str, Any] = {"turn_scores": [], "tool_rewards": [],
                                         "commbench_verdict": episode.verdict or "", "commbench_correct":
@@ -191,12 +193,13 @@ class CommBenchAgentLoop(AgentLoopBase):
             response_logprobs=logprobs[: self.response_length] if logprobs else None,
             reward_score=float(reward), num_turns=turns, metrics=metrics, extra_fields=extra_fields)
 
-    async def _play(self, episode: ToolEpisode, messages: list[dict[str, Any]], sampling_params: dict[str, Any],
+    async def _play(self, episode: ToolEpisode, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                    sampling_params: dict[str, Any],
                     metrics: dict[str, float]) -> tuple[list[int], list[int], list[float], int]:
         """Generate, act, append the feedback, until the episode ends or the response budget is spent; returns the
         token ids (prompt then response), the response mask and log-probs, and the number of turns."""
         loop = asyncio.get_running_loop()
-        prompt_ids = await self.ct_build_initial_tokens(messages, tools=self.tools)
+        prompt_ids = await self.ct_build_initial_tokens(messages, tools=tools)
         runtime_ids, mask, logprobs = list(prompt_ids), [], []
         request_id, turns = uuid4().hex, 1
         while True:
@@ -209,7 +212,7 @@ class CommBenchAgentLoop(AgentLoopBase):
             runtime_ids, turns = merged.token_ids, turns + 1
             if len(mask) >= self.response_length:
                 break
-            content, calls = await self.tool_parser.extract_tool_calls(out.token_ids, self.tools)
+            content, calls = await self.tool_parser.extract_tool_calls(out.token_ids, tools)
             action, note = _action(content, calls)
             feedback = note or ""
             if action is not None:
@@ -221,7 +224,7 @@ class CommBenchAgentLoop(AgentLoopBase):
             previous = [*messages, self._assistant_message(content, calls)]
             messages = [*previous, {"role": "tool" if calls else "user", "content": feedback}]
             merged, new_mask, new_logprobs = await self.ct_merge_context_msg(
-                previous, messages, runtime_ids, mask, logprobs or None, tools=self.tools)
+                previous, messages, runtime_ids, mask, logprobs or None, tools=tools)
             if len(new_mask) >= self.response_length:
                 break
             runtime_ids, mask, logprobs, turns = merged.token_ids, new_mask, new_logprobs or [], turns + 1
