@@ -179,12 +179,13 @@ class CommBenchAgentLoop(AgentLoopBase):
                                                                   tool_schemas(extra.get("task")), sampling_params,
                                                                   metrics)
             reward = await asyncio.get_running_loop().run_in_executor(None, episode.final_reward)
-        extra_fields: dict[str, Any] = {"turn_scores": [], "tool_rewards": [],
-                                        "commbench_verdict": episode.verdict or "", "commbench_correct":
-                                        episode.correct, "commbench_infra_error": episode.infra_error or ""}
+            # read before the episode goes back: the next trajectory to borrow it resets these
+            extra_fields: dict[str, Any] = {"turn_scores": [], "tool_rewards": [],
+                                            "commbench_verdict": episode.verdict or "", "commbench_correct":
+                                            episode.correct, "commbench_infra_error": episode.infra_error or ""}
         if reward is None:
             log.warning("CommBench episode on %s not scored (infrastructure error: %s); verl cannot drop a sample, "
-                        "so it scores 0", extra.get("task"), episode.infra_error)
+                        "so it scores 0", extra.get("task"), extra_fields["commbench_infra_error"])
             reward = 0.0
         n_prompt = len(runtime_ids) - len(mask)
         return AgentLoopOutput(
