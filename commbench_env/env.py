@@ -330,6 +330,14 @@ class CommBenchEnv(gym.Env, EzPickle):
             info["tool"] = act.tool
             if not files:
                 self.feedback = f"No source yet: send the text of {self.task.card.entry.file} in 'source'."
+            elif act.tool == "sanitize" and self.task.card.language.value != "cuda":
+                # the agent's slip, not the judge's: answered here, without a judge run (whose infra_error verdict
+                # would also recycle a pooled sandbox); the code is kept as the latest
+                self.last_files = dict(files)
+                self.feedback = (f"sanitize runs compute-sanitizer on CUDA tasks; this task is written in "
+                                 f"{self.task.card.language.value}, so nothing was run. Use check, benchmark or "
+                                 "profile.")
+                files = {}
         truncated_now = self.turn >= self.config.max_turns
         needs_judge = bool(files) or (truncated_now and self.config.submit_on_truncation and bool(self.last_files))
         try:

@@ -66,6 +66,17 @@ def test_episode_check_then_submit(env):
         env.step({"tool": "check", "source": ""})
 
 
+def test_sanitize_on_a_torch_task_is_answered_without_the_judge(env):
+    """The agent's slip, not an infrastructure error: no judge run (a pooled sandbox is not recycled for it), and
+    the code sent is kept as the latest."""
+    env.reset(seed=1)
+    obs, r, term, trunc, info = env.step({"tool": "sanitize", "source": load_task(TASK).reference_source()})
+    assert "CUDA tasks" in obs["feedback"] and "written in torch" in obs["feedback"]
+    assert info["judge_result"] is None and info["verdict"] is None and (r, term, trunc) == (0.0, False, False)
+    obs, r, term, trunc, info = env.step({"tool": "check", "source": ""})  # reuses the code the sanitize call sent
+    assert info["verdict"] == "pass"
+
+
 @pytest.mark.parametrize("action", ["", "hello", 42, None, [1, 2], {"tool": "explode"}, {"tool": 9},
                                     {"source": "x"}, {"tool": "check", "source": 5}, "{not json",
                                     {"tool": "check", "files": {"other.py": "x"}}, {"tool": "check", "bogus": 1}])
