@@ -267,32 +267,20 @@ def rows_cmd(out: Path = typer.Option(..., help="file to write: .parquet (verl's
              multi_turn: bool = typer.Option(False, "--multi-turn",
                                              help="trl: the tool-calling system prompt")) -> None:
     """Write training rows (one per task and repeat: the prompt the agent sees, the task id, the world size)."""
-    from .trainers import task_rows
+    from .trainers.common import task_rows, verl_rows, write_rows
 
     if trainer not in ("verl", "trl"):
         _fail(CommBenchError(f"--trainer must be verl or trl, not {trainer!r}"))
-    if out.suffix not in (".parquet", ".jsonl"):
-        _fail(CommBenchError(f"{out}: the file must end in .parquet or .jsonl"))
     try:
         if trainer == "verl":
-            from .trainers.verl_adapter import verl_rows
-
             rows = verl_rows(tasks, sandbox=sandbox, world_size=world, repeats=repeats)
         else:
             rows = task_rows(tasks, sandbox=sandbox, world_size=world, repeats=repeats, multi_turn=multi_turn)
-    except (CommBenchError, ImportError) as exc:
+        if not rows:
+            raise CommBenchError(f"no task of {tasks!r} runs in sandbox {sandbox!r}")
+        write_rows(rows, out)
+    except CommBenchError as exc:
         _fail(exc)
-    if not rows:
-        _fail(CommBenchError(f"no task of {tasks!r} runs in sandbox {sandbox!r}"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix == ".parquet":
-        try:
-            import pandas as pd
-        except ImportError:
-            _fail(CommBenchError("writing parquet needs pandas: pip install pandas, or write .jsonl"))
-        pd.DataFrame(rows).to_parquet(out)
-    else:
-        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     console.print(f"{len(rows)} rows ({len({r.get('task') or r['extra_info']['task'] for r in rows})} tasks) "
                   f"for {trainer} written to {out}")
 

@@ -3,7 +3,10 @@ with the rules every trainer needs (an infrastructure failure is never a score).
 
 from __future__ import annotations
 
+import json
 import weakref
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..agents.llm import SYSTEM_PROMPT, TOOL_SPECS
@@ -33,6 +36,42 @@ def task_rows(tasks: str = "smoke", *, sandbox: str = "local-cpu", world_size: i
                   {"role": "user", "content": f"Task statement (world size {world}):\n\n{task.agent_view()}"}]
         rows += [{"prompt": prompt, "task": task.id, "world_size": world} for _ in range(repeats)]
     return rows
+
+
+VERL_AGENT_NAME = "commbench"  # the name verl_adapter registers its agent loop under
+
+
+def verl_rows(tasks: str = "smoke", *, sandbox: str = "local-cpu", world_size: int | None = None,
+              repeats: int = 1) -> list[dict[str, Any]]:
+    """Rows for verl's RLHFDataset: `prompt` (system + task statement), `agent_name` (CommBench's agent loop),
+    `data_source`, a `reward_model` stub verl's schema expects, and `extra_info` with the task id, world size and
+    row index. Building them needs no verl."""
+    rows = []
+    for i, row in enumerate(task_rows(tasks, sandbox=sandbox, world_size=world_size, repeats=repeats,
+                                      multi_turn=True)):
+        rows.append({"prompt": row["prompt"], "agent_name": VERL_AGENT_NAME, "data_source": "commbench",
+                     "reward_model": {"style": "commbench-judge", "ground_truth": ""},
+                     "extra_info": {"index": i, "task": row["task"], "world_size": row["world_size"]}})
+    return rows
+
+
+def write_rows(rows: Sequence[dict[str, Any]], path: str | Path, *, fmt: str | None = None) -> Path:
+    """Write training rows as parquet (verl's `data.train_files`, `datasets`) or JSONL: `fmt`, else the file's
+    suffix (.parquet or .jsonl)."""
+    path = Path(path)
+    fmt = fmt or path.suffix.lstrip(".")
+    if fmt not in ("parquet", "jsonl"):
+        raise CommBenchError(f"{path}: the file must end in .parquet or .jsonl")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+    try:
+        import pandas as pd
+    except ImportError as exc:
+        raise CommBenchError("writing parquet needs pandas: pip install pandas, or write .jsonl") from exc
+    pd.DataFrame(list(rows)).to_parquet(path)
+    return path
 
 
 def tool_schemas(task_id: str | None = None) -> list[dict]:

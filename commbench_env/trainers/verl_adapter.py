@@ -42,34 +42,18 @@ try:
 except ImportError as exc:  # the loop subclasses verl's, so verl must be importable
     raise ImportError(f"the verl adapter needs verl 0.9 ({exc}): pip install 'commbench-env[verl]'") from exc
 
-from .common import ToolEpisode, task_rows, tool_schemas
+from .common import VERL_AGENT_NAME as AGENT_NAME
+from .common import ToolEpisode, tool_schemas, verl_rows, write_rows
 
-AGENT_NAME = "commbench"
 VERL_AGENT_LOOP_CONFIG = Path(__file__).with_name("verl_agent_loops.yaml")
 log = logging.getLogger(__name__)
-
-
-def verl_rows(tasks: str = "smoke", *, sandbox: str = "local-cpu", world_size: int | None = None,
-              repeats: int = 1) -> list[dict[str, Any]]:
-    """Rows for verl's RLHFDataset: `prompt` (system + task statement), `agent_name` (this loop), `data_source`,
-    a `reward_model` stub verl's schema expects, and `extra_info` with the task id, world size and row index."""
-    rows = []
-    for i, row in enumerate(task_rows(tasks, sandbox=sandbox, world_size=world_size, repeats=repeats,
-                                      multi_turn=True)):
-        rows.append({"prompt": row["prompt"], "agent_name": AGENT_NAME, "data_source": "commbench",
-                     "reward_model": {"style": "commbench-judge", "ground_truth": ""},
-                     "extra_info": {"index": i, "task": row["task"], "world_size": row["world_size"]}})
-    return rows
+__all__ = ["AGENT_NAME", "VERL_AGENT_LOOP_CONFIG", "CommBenchAgentLoop", "verl_config", "verl_rows",
+           "write_verl_dataset"]
 
 
 def write_verl_dataset(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Write `verl_rows` rows as the parquet file verl's `data.train_files` reads."""
-    import pandas as pd
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(list(rows)).to_parquet(path)
-    return path
+    return write_rows(rows, path, fmt="parquet")
 
 
 def verl_config(model: str | Path, data_file: str | Path, *, loop_config: str | Path = VERL_AGENT_LOOP_CONFIG,
