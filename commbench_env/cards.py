@@ -432,6 +432,17 @@ def busbw_factor(nccl_op: str | None, world: int) -> float:
     return 1.0
 
 
+def bus_share_of_copy(nccl_op: str | None, world: int) -> float:
+    """Of the bytes a rank writes in one call, the share that busbw counts.
+
+    Out-of-place all-gather and all-to-all also copy the rank's own block, which busbw leaves out. On a real mesh
+    that copy stays in the GPU's own memory, off the links; in `cuda-shared` it takes the same copy bandwidth as
+    the peers' blocks, so a rank's busbw can reach only this share of its part of the device copy bandwidth."""
+    if nccl_op in ("all_gather", "alltoall"):
+        return (world - 1) / world
+    return 1.0
+
+
 def geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0

@@ -103,3 +103,43 @@ def test_exported_pages_open_from_disk(run_dir, tmp_path):
         page.wait_for_selector("#verdict")
         assert page.inner_text("#verdict") == "pass"
         browser.close()
+
+
+def test_an_emulated_all_gather_turn_says_why_busbw_cannot_reach_the_whole_share(run_dir, tmp_path):
+    """A GPU trace cannot be made here, so the ring_shift episode's benchmarked turns are given the roofline a
+    cuda-shared all-gather at world 2 gets: 1000 GB/s per rank, of which busbw can reach 500."""
+    import json
+
+    sync_playwright = _browser_or_skip()
+    src = next(p for p in (run_dir / "traces").glob("*.jsonl") if "ring_shift" in p.name)
+    records = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    for rec in records:
+        jr = rec.get("judge_result") or {}
+        if jr.get("benchmark"):
+            jr["device_mode"] = "cuda-shared"
+            jr["roofline"] = {"name": "device copy bandwidth (cuda-shared: emulated, not NVLink)", "gbps": 2000.0,
+                              "per_rank_gbps": 1000.0, "emulated": True}
+            for b in jr["benchmark"]:
+                b["roofline_gbps"], b["roofline_pct"] = 500.0, 88.0
+    run = tmp_path / "gpu-run" / "traces"
+    run.mkdir(parents=True)
+    (run / src.name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    server = serve([run.parent], background=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+            page.wait_for_selector("tr.row")
+            page.click("tr.row")
+            page.wait_for_selector("#verdict")
+            page.click("#n")
+            page.click("#n")
+            page.wait_for_selector("#roofline")
+            text = page.inner_text("#roofline")
+            assert "1000 GB/s per rank" in text and "busbw can reach only 500 GB/s per rank" in text, text
+            assert "88%" in page.inner_text("#bench")
+            browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()

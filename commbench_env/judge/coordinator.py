@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..cards import CaseSpec, TaskCard, busbw_factor
+from ..cards import CaseSpec, TaskCard, bus_share_of_copy, busbw_factor
 from ..golden import get_op
 from ..golden.base import GoldenOp
 from ..golden.compare import compare_tensor
@@ -381,7 +381,10 @@ class Evaluation:
         busbw = algbw * busbw_factor(self.op.nccl_op, self.world)
         roof = self.result.roofline
         shown = algbw if self.card.performance.metric == "algbw" else busbw
-        pct = 100 * shown / roof.per_rank_gbps if roof and roof.per_rank_gbps > 0 and shown > 0 else None
+        roof_gbps = roof.per_rank_gbps if roof and roof.per_rank_gbps > 0 else None
+        if roof_gbps and roof.emulated and self.card.performance.metric == "busbw":
+            roof_gbps *= bus_share_of_copy(self.op.nccl_op, self.world)
+        pct = 100 * shown / roof_gbps if roof_gbps and shown > 0 else None
         if mismatch is None and self.card.performance.metric in ("busbw", "algbw"):
             why = implausible_timing(pct, size, roof.name if roof else "")
             if why:
@@ -391,7 +394,7 @@ class Evaluation:
                           iters=perf.iters, warmup=perf.warmup, time_us=t_us,
                           time_us_median=statistics.median(per_iter_max), time_us_min=min(per_iter_max),
                           per_rank_mean_us=per_rank_mean, algbw_gbps=algbw,
-                          busbw_gbps=busbw, roofline_pct=pct,
+                          busbw_gbps=busbw, roofline_gbps=roof_gbps, roofline_pct=pct,
                           tflops=flops / (t_us * 1e-6) / 1e12 if flops and t_us > 0 else 0.0,
                           verified=mismatch is None, mismatch=mismatch)
 

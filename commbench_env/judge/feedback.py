@@ -75,6 +75,10 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
         if r.roofline:
             lines.append(f"  roofline: {r.roofline.name}, {r.roofline.per_rank_gbps:.0f} GB/s per rank"
                          + (" (emulated: all ranks share one GPU, nothing crosses NVLink)" if r.roofline.emulated else ""))
+            less = [s.roofline_gbps for s in r.benchmark if s.roofline_gbps and s.roofline_gbps < r.roofline.per_rank_gbps]
+            if less:
+                lines.append(f"  busbw can reach only {less[-1]:.0f} GB/s per rank of it: each rank also copies its own "
+                             "block, which busbw does not count but which takes the same copy bandwidth here")
     if r.profile:
         lines += ["", "profile (one call, per rank):"]
         for p in r.profile:

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from ..config import StrictModel
 
-SCHEMA_VERSION = "1.1"  # 1.1: roofline, roofline_pct, ncu
+SCHEMA_VERSION = "1.2"  # 1.1: roofline, roofline_pct, ncu; 1.2: SizeResult.roofline_gbps
 
 Mode = Literal["compile", "check", "benchmark", "profile", "full", "sanitize"]
 MODES: tuple[str, ...] = ("compile", "check", "benchmark", "profile", "full", "sanitize")
@@ -82,7 +82,10 @@ class SizeResult(StrictModel):
     algbw_gbps: float
     busbw_gbps: float
     tflops: float = 0.0
-    roofline_pct: float | None = Field(default=None, description="the metric's bandwidth as % of the roofline's per-rank share")
+    roofline_gbps: float | None = Field(default=None, description="the most the metric can reach per rank: the "
+                                        "roofline's per-rank share, less (in cuda-shared) the rank's own block that "
+                                        "an all-gather or all-to-all copies but busbw does not count")
+    roofline_pct: float | None = Field(default=None, description="the metric's bandwidth as % of roofline_gbps")
     verified: bool = True
     mismatch: Mismatch | None = None
     extended_calls: int = Field(default=0, description="timed calls whose clock ran on to a device-wide sync: the "
