@@ -118,14 +118,11 @@ def main() -> None:
         if copy_checks:
             md += ["", (f"Copy-bandwidth check (cuda-shared, >= 64 MiB, target {COPY_TARGET_PCT:.0f}% of the device "
                         "copy bandwidth shared by the ranks, measured by the judge in the same evaluation):"), ""]
-            for tid, world, size, pct, written_pct in copy_checks:
+            for tid, world, size, pct in copy_checks:
                 ok = size >= 64 << 20 and pct is not None and pct >= COPY_TARGET_PCT
                 failures += not ok
-                also = (f" (by bytes written per rank, algbw: {written_pct:.0f}%)"
-                        if written_pct and written_pct != pct else "")
                 md.append(f"- {tid} world {world} at {size >> 20} MiB: "
-                          f"{pct if pct is not None else float('nan'):.0f}% {'meets' if ok else 'MISSES'} the target"
-                          + also)
+                          f"{pct if pct is not None else float('nan'):.0f}% {'meets' if ok else 'MISSES'} the target")
         path.write_text("\n".join(md) + "\n")
         return failures
 
@@ -153,9 +150,7 @@ def main() -> None:
                     text, pct_text, pct = figure(res, task.card.performance.metric)
                     if mode == "cuda-shared" and task.id in COPY_TASKS and ok:
                         big = max(res.benchmark, key=lambda b: b.size_bytes)
-                        share = res.roofline.per_rank_gbps if res.roofline else 0.0
-                        written = 100 * big.algbw_gbps / share if share > 0 else None
-                        copy_checks.append((task.id, world, big.size_bytes, pct, written))
+                        copy_checks.append((task.id, world, big.size_bytes, pct))
                     rows.append((task.id, task.card.language.value, mode, world,
                                  "yes" if ok else f"NO ({verdict}: {summary.splitlines()[0][:70] if summary else ''})",
                                  text, pct_text, sum(b.extended_calls for b in res.benchmark) if res else "-",
