@@ -38,7 +38,9 @@ def _expect_hang(res: JudgeResult) -> bool:
 
 
 def _expect_profile(res: JudgeResult) -> bool:
-    return res.verdict == Verdict.passed and bool(res.profile and res.profile[0].rows) and res.ncu is not None
+    # each rank's own kernels: the device host tells them apart by stream (cuda-shared) or GPU (cuda)
+    return (res.verdict == Verdict.passed and bool(res.profile) and res.ncu is not None
+            and all(p.rows and p.rows_of_own_kernels for p in res.profile))
 
 
 def _expect_clean(res: JudgeResult) -> bool:

@@ -126,7 +126,8 @@ class DeviceHostEvaluation(Evaluation):
         return self.size_result(case, size, perf, times, mismatch).model_copy(update={"extended_calls": extended})
 
     def profile(self) -> None:
-        """GPU kernels of one call (all ranks run in one process, so the table is for all of them)."""
+        """GPU kernels of one call, per rank where the device host could tell the ranks' kernels apart, else one
+        table of all ranks' kernels (they run in one process) given with rank 0."""
         vis = self.card.visible_cases()
         case = max(vis, key=lambda c: self.op.metric_bytes(c, self.world))
         seeds = [self.seed("profile", case.name, r) for r in range(self.world)]
@@ -135,13 +136,16 @@ class DeviceHostEvaluation(Evaluation):
                                   "out_specs": specs})
         h, _ = self.gather([0], "profile", case.name)[0]
         op_bytes = self.op.metric_bytes(case, self.world)
+        by_rank = h.get("rows_by_rank")
         for r in range(self.world):
             wall = h["ns"][r] / 1e3
-            rows = kernel_bandwidth(h["rows"], op_bytes, gpu_rows_only=False) if r == 0 else []
+            mine = by_rank[r] if by_rank else h["rows"] if r == 0 else []
+            rows = kernel_bandwidth(mine, op_bytes, gpu_rows_only=False)
             comm = sum(x["total_us"] for x in rows if x["kind"] == "comm")
             self.result.profile.append(RankProfile(rank=r, case=case.name, wall_us=wall, comm_us=comm,
                                                    compute_us=max(0.0, wall - comm), rows=rows,
-                                                   rows_of_all_ranks=r == 0))
+                                                   rows_of_all_ranks=not by_rank and r == 0,
+                                                   rows_of_own_kernels=bool(by_rank)))
         if h["rows"]:
             self.result.ncu = self.ncu_summary(case, seeds, specs, h["rows"][0]["name"])
 

@@ -485,22 +485,23 @@ class DeviceHost:
             self.send({"type": "samples", "it": it, "outputs": meta}, blob)
 
     def run_profile(self, msg: dict, case) -> None:
-        """One warm-up call, then one call under the torch profiler: a table of GPU kernels per rank."""
+        """One warm-up call, then one call under the torch profiler: its GPU kernels, in a table per rank where
+        each kernel can be given to a rank (see `kernel_table`), and in one table of every rank's kernels."""
         import torch.profiler as tp
+
+        from .kernel_table import MARKER_UNIT_CYCLES, kernel_records, table, tables_by_rank
 
         bufs = self.prepare(case, self.host_inputs(case, msg["seeds"]), msg["out_specs"])
         self.scratch_for(bufs)
         self.call_all(self.args_for(case, bufs))
         with tp.profile(activities=[tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA]) as prof:
+            for r in range(self.world):  # a marker per rank stream, in rank order: see kernel_table
+                with self.torch.cuda.device(self.devices[r]), self.torch.cuda.stream(self.streams[r]):
+                    self._sleep((r + 1) * MARKER_UNIT_CYCLES)
             ns = self.call_all(self.args_for(case, bufs), warm=False)
-        rows = []
-        for e in prof.key_averages():
-            t = float(getattr(e, "self_device_time_total", 0.0))
-            if t > 0 and "spin_kernel" not in e.key:  # the harness's start gate is not the candidate's
-                rows.append({"name": e.key[:120], "kind": "comm" if "nccl" in e.key.lower() else "compute",
-                             "calls": int(e.count), "total_us": t, "mean_us": t / max(1, int(e.count))})
-        rows.sort(key=lambda r: r["total_us"], reverse=True)
-        self.send({"type": "profile", "ns": ns, "rows": rows[:15]})
+        records = kernel_records(prof)
+        self.send({"type": "profile", "ns": ns, "rows": table(records),
+                   "rows_by_rank": tables_by_rank(records, self.devices)})
 
     def serve(self) -> None:
         from ..cards import CaseSpec

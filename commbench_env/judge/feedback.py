@@ -85,6 +85,8 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
             if any(q.rows_of_all_ranks for q in r.profile):  # CUDA task: one process, one kernel table
                 lines.append(f"  rank {p.rank}: wall {p.wall_us:.0f} us"
                              + (" (the kernels of every rank, which share one process:)" if p.rows_of_all_ranks else ""))
+            elif p.rows_of_own_kernels:
+                lines.append(f"  rank {p.rank}: wall {p.wall_us:.0f} us, its kernels:")
             else:
                 lines.append(f"  rank {p.rank}: wall {p.wall_us:.0f} us, in torch.distributed {p.comm_us:.0f} us, "
                              f"other {p.compute_us:.0f} us")

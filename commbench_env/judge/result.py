@@ -131,8 +131,10 @@ class RankProfile(StrictModel):
     comm_us: float
     compute_us: float
     rows: list[ProfileRow] = Field(default_factory=list)
-    # CUDA tasks: every rank runs in one process, so one profile holds all ranks' kernels; it is given with rank 0
+    # CUDA tasks: every rank runs in one process. The device host tells each rank's kernels apart by stream and GPU
+    # (rows_of_own_kernels); where it cannot, one table holds all ranks' kernels and is given with rank 0.
     rows_of_all_ranks: bool = False
+    rows_of_own_kernels: bool = False
 
 
 class SanitizerReport(StrictModel):
