@@ -111,6 +111,12 @@ class CommBenchEnv(gym.Env, EzPickle):
                                 sandbox=sandbox.name if isinstance(sandbox, SandboxProfile) else sandbox,
                                 max_turns=max_turns, world_size=world_size, reward=reward_cfg, **options)
         self.profile = sandbox if isinstance(sandbox, SandboxProfile) else load_profile(sandbox)
+        if self._pool is None and self.profile.leases_gpus:
+            # An env's own sandbox on GPUs is a private pool of one: its GPU leases (a lock file per GPU) keep
+            # concurrent episodes on this host off each other's GPUs, so no timing is taken beside another's.
+            from .pool import SandboxPool
+
+            self._pool, self._owns_pool = SandboxPool(self.profile, max_sandboxes=1), True
         if self._pool is not None and self._pool.profile.name != self.profile.name:
             raise CardError(f"sandbox {self.profile.name!r} differs from the pool's profile "
                             f"{self._pool.profile.name!r}; leave sandbox= out when passing sandbox_pool=")

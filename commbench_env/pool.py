@@ -196,7 +196,9 @@ class SandboxPool:
         need = self.gpus_needed(world_size)
         if need and need > len(self.topology.ids):
             raise SandboxError(f"{need} GPU(s) needed for world {world_size} with profile {self.profile.name!r}, "
-                               f"but this pool has {len(self.topology.ids)}")
+                               f"but {len(self.topology.ids)} can be used here (the host's GPUs, within "
+                               "CUDA_VISIBLE_DEVICES and the profile's gpus.ids); "
+                               + ("run on a GPU host" if not self.topology.ids else "use a smaller world"))
         t_start = time.monotonic()
         deadline = t_start + (self.acquire_timeout_s if timeout_s is None else timeout_s)
         while True:

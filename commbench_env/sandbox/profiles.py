@@ -24,7 +24,8 @@ class Limits(StrictModel):
 class GpuSelection(StrictModel):
     ids: list[int] = Field(default_factory=list, description="GPU indices to use; empty with count=0: none")
     count: int = 0
-    shared: bool = Field(default=False, description="allow episodes to share GPUs (docker/pool scheduler)")
+    shared: bool = Field(default=False, description="let episodes share GPUs: no GPU leases, so a timing may be "
+                         "taken while another episode runs on the same GPU (throughput over honest figures)")
 
 
 class DockerSpec(StrictModel):
@@ -56,6 +57,12 @@ class SandboxProfile(StrictModel):
     gpus: GpuSelection = Field(default_factory=GpuSelection)
     docker: DockerSpec = Field(default_factory=DockerSpec)
     source: str = Field(default="", exclude=True)
+
+    @property
+    def leases_gpus(self) -> bool:
+        """Whether an episode must hold its GPUs alone: a kernel's timing on a GPU that another episode is using
+        says nothing about the kernel. Profiles that set `gpus.shared` (throughput over timing) do not."""
+        return self.device_mode != "cpu" and not self.gpus.shared
 
     def with_env(self, extra: dict[str, str]) -> "SandboxProfile":
         """This profile with `extra` added to the sandbox's environment (e.g. a diagnostic trace file)."""
