@@ -76,7 +76,9 @@ def test_tool_env_episodes_and_their_rewards(tmp_path):
         assert "runtime_error" in fb and "NotImplementedError" in fb
         assert "Submitted. Reward" in submitted.submit(task.reference_source())
         assert "episode is over" in submitted.check(task.reference_source())  # nothing runs after the end
-        assert "pass" in unfinished.check(task.reference_source())  # never submitted: its last code is scored
+        # sanitize is offered to every task (TRL's tools are the class's): a torch task runs nothing, the code is kept
+        assert "nothing was run" in unfinished.sanitize(task.reference_source())
+        assert "pass" in unfinished.check("")  # never submitted: its last code is scored
         rewards = CommBenchEpisodeReward(parallel=3)(prompts=["p"] * 3, completions=["c"] * 3,
                                                      environments=[submitted, unfinished, silent])
         assert rewards[0] >= 0.5 and rewards[1] >= 0.5 and rewards[2] == 0.0
@@ -96,7 +98,7 @@ def test_tool_env_methods_are_the_tools_trl_exposes():
     from transformers.utils import get_json_schema
 
     public = [n for n, _ in inspect.getmembers(CommBenchToolEnv, predicate=inspect.isfunction) if not n.startswith("_")]
-    assert sorted(public) == ["benchmark", "check", "compile", "profile", "reset", "submit"]
+    assert sorted(public) == ["benchmark", "check", "compile", "profile", "reset", "sanitize", "submit"]
     schema = get_json_schema(CommBenchToolEnv().submit)
     assert schema["function"]["name"] == "submit"
     assert schema["function"]["parameters"]["required"] == ["source"]

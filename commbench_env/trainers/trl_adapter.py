@@ -7,8 +7,9 @@ task (a one-turn episode that submits it), many completions at once::
     trainer = GRPOTrainer(model=..., reward_funcs=CommBenchReward(parallel=8), train_dataset=task_dataset(rows), ...)
 
 Multi-turn: TRL's `environment_factory` gives every rollout its own `CommBenchToolEnv`, whose public methods are the
-env's tools (compile, check, benchmark, profile, submit: TRL shows them to the model as function tools and runs the
-calls it makes); its rows reset the env on their task. The episode's reward comes from `CommBenchEpisodeReward`,
+env's tools (compile, check, benchmark, profile, sanitize, submit: TRL shows them to the model as function tools and
+runs the calls it makes; the same for every task, so a torch task answers sanitize without running anything); its
+rows reset the env on their task. The episode's reward comes from `CommBenchEpisodeReward`,
 which scores every rollout of the batch in parallel: the submitted code's reward, or, if the model stopped without
 submitting, its last code scored as on truncation::
 
@@ -151,6 +152,15 @@ class CommBenchToolEnv:
             source: The complete text of the solution file named in the task; an empty string reuses the last code.
         """
         return self._act("profile", source)
+
+    def sanitize(self, source: str) -> str:
+        """CUDA tasks only: run the solution under compute-sanitizer (memcheck, racecheck, synccheck) on the
+        smallest case and report what it finds. A torch task answers that nothing was run.
+
+        Args:
+            source: The complete text of the solution file named in the task; an empty string reuses the last code.
+        """
+        return self._act("sanitize", source)
 
     def submit(self, source: str) -> str:
         """Final scoring (correctness, then speed against the reference). Ends the episode.
