@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from commbench_env.cards import busbw_factor
+from commbench_env.cards import busbw_factor, load_task
 from commbench_env.judge.result import Verdict
 
 TASK = "collective/allreduce_ring"
@@ -224,3 +224,15 @@ def test_isolation_layers_reported(evaluate):
     iso = res.isolation
     assert iso["audit_hook"] and iso["tripwires"] and iso["non_dumpable"]
     assert "landlock_abi" in iso
+
+
+def test_sanitize_on_a_torch_task_is_refused_before_any_run(judge):
+    """A request the task cannot serve is the caller's mistake: a CardError naming the tools to use, never an
+    infra_error verdict (a pool would restart a healthy sandbox for it)."""
+    from commbench_env.errors import CardError, SandboxError
+
+    task = load_task("p2p/ring_shift")
+    with pytest.raises(CardError, match="CUDA tasks only") as err:
+        judge.evaluate(task, {task.card.entry.file: task.reference_source()}, "sanitize", 2)
+    assert not isinstance(err.value, SandboxError)
+    assert judge.evaluate(task, {task.card.entry.file: task.reference_source()}, "check", 2).verdict.value == "pass"
