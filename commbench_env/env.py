@@ -29,6 +29,7 @@ from .paths import cache_dir
 from .reference import reference_figures
 from .reward import RewardBreakdown, RewardConfig, TurnCredit, TurnRewardConfig, compute_reward
 from .sandbox import Sandbox, SandboxProfile, load_profile, open_sandbox
+from .sandbox.gpus import GpuLease, lock_ids
 from .trace import TRACE_SCHEMA, TraceWriter, new_trace_path
 
 if TYPE_CHECKING:
@@ -111,12 +112,6 @@ class CommBenchEnv(gym.Env, EzPickle):
                                 sandbox=sandbox.name if isinstance(sandbox, SandboxProfile) else sandbox,
                                 max_turns=max_turns, world_size=world_size, reward=reward_cfg, **options)
         self.profile = sandbox if isinstance(sandbox, SandboxProfile) else load_profile(sandbox)
-        if self._pool is None and self.profile.leases_gpus:
-            # An env's own sandbox on GPUs is a private pool of one: its GPU leases (a lock file per GPU) keep
-            # concurrent episodes on this host off each other's GPUs, so no timing is taken beside another's.
-            from .pool import SandboxPool
-
-            self._pool, self._owns_pool = SandboxPool(self.profile, max_sandboxes=1), True
         if self._pool is not None and self._pool.profile.name != self.profile.name:
             raise CardError(f"sandbox {self.profile.name!r} differs from the pool's profile "
                             f"{self._pool.profile.name!r}; leave sandbox= out when passing sandbox_pool=")
@@ -245,11 +240,25 @@ class CommBenchEnv(gym.Env, EzPickle):
             self._pool.release(slot, recycle=reason, episode_end=episode_end)
 
     @contextmanager
+    def _gpu_turn(self) -> Iterator[None]:
+        """The GPUs of the env's own sandbox, held for one judge run (a lock file per GPU, the leases SandboxPool
+        uses): concurrent episodes on this host never time calls beside each other. Held per run, not per episode,
+        so no episode waits on one that is itself waiting on its trainer's next batch."""
+        ids = lock_ids(self.profile, self.world_size)
+        lease = GpuLease.acquire(len(ids), pool=ids) if ids else None
+        try:
+            yield
+        finally:
+            if lease is not None:
+                lease.release()
+
+    @contextmanager
     def _judging(self) -> Iterator[JudgeClient]:
         """The judge for this step: the env's own, or a pooled sandbox's (kept for the episode, or for this turn
         with hold="turn"). A SandboxError recycles the pooled sandbox; the next step borrows another."""
         if self._pool is None:
-            yield self._judge  # type: ignore[misc]
+            with self._gpu_turn():
+                yield self._judge  # type: ignore[misc]
             return
         if self._slot is None:
             self._slot = self._pool.acquire(self.world_size)

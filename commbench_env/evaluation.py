@@ -55,16 +55,13 @@ def finished_keys(out: Path) -> set[str]:
 
 
 def _gpu_budget(profile_name: str, world: int, parallel: int) -> int:
-    """Episodes at once: each holds its GPUs alone (`SandboxProfile.leases_gpus`), `world` of them in `cuda` and
-    one in `cuda-shared`, so more threads than the GPUs allow would only wait for a lease."""
     prof = load_profile(profile_name)
-    if not prof.leases_gpus:
+    if prof.device_mode != "cuda":
         return parallel
     from .sandbox.gpus import host_gpu_ids
 
-    gpus = len(prof.gpus.ids) or len(host_gpu_ids())
-    per_episode = prof.gpus.count or (max(1, world) if prof.device_mode == "cuda" else 1)
-    return max(1, min(parallel, gpus // per_episode))
+    gpus = len(prof.gpus.ids) or prof.gpus.count or len(host_gpu_ids())
+    return max(1, min(parallel, gpus // max(1, world)))
 
 
 def play_eval_episode(task: Task, key: EpisodeKey, card: AgentCard, *, sandbox: str | SandboxProfile, trace_dir: Path,

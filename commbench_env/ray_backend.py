@@ -95,13 +95,11 @@ def episode_resources(profile: SandboxProfile | str, world: int, *, cpus: float 
 
 
 def pin_gpus(profile: SandboxProfile, gpu_ids: Sequence[int | str]) -> SandboxProfile:
-    """The profile restricted to the GPUs Ray assigned (local: CUDA_VISIBLE_DEVICES; docker: device requests).
-    Ray's assignment is the lease: the env does not take lock files for them again (with `gpu_share` below 1,
-    Ray puts two episodes on one GPU on purpose)."""
+    """The profile restricted to the GPUs Ray assigned (local: CUDA_VISIBLE_DEVICES; docker: device requests)."""
     if profile.device_mode == "cpu" or not gpu_ids:
         return profile
     return profile.model_copy(update={"gpus": profile.gpus.model_copy(update={"ids": [int(i) for i in gpu_ids],
-                                                                              "count": 0, "shared": True})})
+                                                                              "count": 0})})
 
 
 def check_fits(resources: dict[str, float], what: str) -> None:

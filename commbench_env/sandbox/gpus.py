@@ -18,8 +18,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import SandboxError
+
+if TYPE_CHECKING:
+    from .profiles import SandboxProfile
 
 LOCK_DIR = Path(os.environ.get("COMMBENCH_GPU_LOCKS", "/tmp/commbench-gpu-locks"))
 # Pair scores: higher is a better link. NVLink pairs score NVLINK_BASE + lanes; PCIe pairs PCIE_BASE - NVML level
@@ -38,6 +42,17 @@ def host_gpu_ids() -> list[int]:
         return []
     out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True)
     return [int(x) for x in out.stdout.split() if x.isdigit()]
+
+
+def lock_ids(profile: SandboxProfile, world: int) -> list[int]:
+    """The GPUs a sandbox of `profile` runs `world` ranks on, by their lock ids (nvidia-smi indices): its
+    `gpus.ids`, else the host's first GPUs; `world` of them in `cuda`, one in `cuda-shared`. None where the
+    profile does not lease (`SandboxProfile.leases_gpus`) or where the sandbox holds a lease of its own for its
+    lifetime (docker with `gpus.count`)."""
+    if not profile.leases_gpus or (profile.backend == "docker" and profile.gpus.count):
+        return []
+    ids = list(profile.gpus.ids) or host_gpu_ids()
+    return ids[:world if profile.device_mode == "cuda" else 1]
 
 
 def try_lock(path: Path) -> int | None:

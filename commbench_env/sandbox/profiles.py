@@ -22,7 +22,7 @@ class Limits(StrictModel):
 
 
 class GpuSelection(StrictModel):
-    ids: list[int] = Field(default_factory=list, description="GPU indices to use; empty with count=0: none")
+    ids: list[int] = Field(default_factory=list, description="GPU indices to use (nvidia-smi's); empty: the host's GPUs")
     count: int = 0
     shared: bool = Field(default=False, description="let episodes share GPUs: no GPU leases, so a timing may be "
                          "taken while another episode runs on the same GPU (throughput over honest figures)")
