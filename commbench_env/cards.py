@@ -253,6 +253,14 @@ class Task:
         """The expert solution. Host-side only: never written into a candidate's sandbox."""
         return self._reference_path.read_text()
 
+    def unsupported(self, mode: str) -> str | None:
+        """Why this task cannot serve judge `mode` (the agent's slip, answered without a judge run), or None."""
+        lang = self.card.language.value
+        if mode == "sanitize" and lang != "cuda":
+            return (f"sanitize runs compute-sanitizer on CUDA tasks only; this task is written in {lang}, so "
+                    "nothing was run. Use check, benchmark or profile.")
+        return None
+
     def judge_spec(self) -> dict[str, Any]:
         """Everything the judge needs, hidden cases included; sent to it over stdin, never as a file."""
         return {"card": self.card.model_dump(mode="json"), "task_hash": self.hash}

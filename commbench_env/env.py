@@ -133,6 +133,7 @@ class CommBenchEnv(gym.Env, EzPickle):
         })
         self._sandbox: Sandbox | None = None
         self._judge: JudgeClient | None = None
+        self._gpu_ids: dict[int, list[int]] = {}  # world size -> the GPUs a judge run of the own sandbox locks
         self._slot: Slot | None = None
         self._recycle: str | None = None
         self._trace: TraceWriter | None = None
@@ -244,7 +245,9 @@ class CommBenchEnv(gym.Env, EzPickle):
         """The GPUs of the env's own sandbox, held for one judge run (a lock file per GPU, the leases SandboxPool
         uses): concurrent episodes on this host never time calls beside each other. Held per run, not per episode,
         so no episode waits on one that is itself waiting on its trainer's next batch."""
-        ids = lock_ids(self.profile, self.world_size)
+        ids = self._gpu_ids.get(self.world_size)
+        if ids is None:  # fixed for a world size; lock_ids may ask nvidia-smi, so once, not at every judge run
+            ids = self._gpu_ids[self.world_size] = lock_ids(self.profile, self.world_size)
         lease = GpuLease.acquire(len(ids), pool=ids) if ids else None
         try:
             yield
@@ -343,15 +346,14 @@ class CommBenchEnv(gym.Env, EzPickle):
         files = (act.files or self.last_files) if act is not None else {}
         if act is not None:
             info["tool"] = act.tool
+            unsupported = self.task.unsupported(TOOL_TO_MODE[act.tool])
             if not files:
                 self.feedback = f"No source yet: send the text of {self.task.card.entry.file} in 'source'."
-            elif act.tool == "sanitize" and self.task.card.language.value != "cuda":
-                # the agent's slip, not the judge's: answered here, without a judge run (whose infra_error verdict
-                # would also recycle a pooled sandbox); the code is kept as the latest
+            elif unsupported:
+                # the agent's slip, not the judge's: answered here, without a judge run (the judge client refuses
+                # it, and a pooled sandbox must not be recycled for it); the code is kept as the latest
                 self.last_files = dict(files)
-                self.feedback = (f"sanitize runs compute-sanitizer on CUDA tasks; this task is written in "
-                                 f"{self.task.card.language.value}, so nothing was run. Use check, benchmark or "
-                                 "profile.")
+                self.feedback = unsupported
                 files = {}
         truncated_now = self.turn >= self.config.max_turns
         needs_judge = bool(files) or (truncated_now and self.config.submit_on_truncation and bool(self.last_files))

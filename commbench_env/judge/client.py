@@ -65,9 +65,9 @@ class JudgeClient:
         """Judge `files` for `task`. Raises JudgeInfraError when the judge itself fails (never the agent's fault)."""
         if world_size not in task.card.world.sizes:
             raise CardError(f"{task.id} runs at world sizes {task.card.world.sizes}, not {world_size}")
-        if mode == "sanitize" and task.card.language.value != "cuda":
-            raise CardError(f"{task.id} is a {task.card.language.value} task: sanitize runs compute-sanitizer on "
-                            "CUDA tasks only (use check, benchmark or profile)")
+        why = task.unsupported(mode)
+        if why:
+            raise CardError(f"{task.id}: {why}")
         eval_dir = os.path.join(self.sandbox.workdir, "evals", uuid.uuid4().hex[:12])
         self.sandbox.write_files(dict(files), base=os.path.join(eval_dir, "candidate"))
         prof = self.sandbox.profile

@@ -81,8 +81,9 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
                              "block, which busbw does not count but which takes the same copy bandwidth here")
     if r.profile:
         lines += ["", "profile (one call, per rank):"]
+        one_table = any(q.rows_of_all_ranks for q in r.profile)  # CUDA task: one process, one kernel table
         for p in r.profile:
-            if any(q.rows_of_all_ranks for q in r.profile):  # CUDA task: one process, one kernel table
+            if one_table:
                 lines.append(f"  rank {p.rank}: wall {p.wall_us:.0f} us"
                              + (" (the kernels of every rank, which share one process:)" if p.rows_of_all_ranks else ""))
             elif p.rows_of_own_kernels:
