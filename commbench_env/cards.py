@@ -152,7 +152,10 @@ class CudaSpec(StrictModel):
     """How the judge calls a `cuda` candidate through `cb_args` (commbench_env/judge/cuda/commbench.h)."""
 
     arch: str = Field(default="sm_90", description="nvcc -arch when no GPU is present to detect it from")
-    links: list[str] = Field(default_factory=list, description="libraries the candidate may link (nccl, nvshmem, ...)")
+    links: list[str] = Field(default_factory=list, description="libraries the candidate may link (nccl, nvshmem, ...); "
+                             "each also allows its own symbols (nccl*, nvshmem*, ...)")
+    allow_symbols: list[str] = Field(default_factory=list, description="symbols the library may import beyond the "
+                                     "judge's default allowlist (judge/cuda_build.py): exact names, or `prefix*`")
     nvcc_flags: list[str] = Field(default_factory=list)
     input: str = Field(default="x", description="the op input placed in cb_args.in")
     output: str = Field(default="y", description="the op output read from cb_args.out")
@@ -167,6 +170,16 @@ class CudaSpec(StrictModel):
         description="which buffers of other ranks the candidate gets pointers to; args->peer_<name>[p] is NULL for "
                     "p != rank otherwise, so that (for instance) a rank's input reaches its peers only through what "
                     "the rank itself sends")
+
+    @field_validator("allow_symbols")
+    @classmethod
+    def _check_symbols(cls, v: list[str]) -> list[str]:
+        import re
+
+        bad = [x for x in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{2,}\*?", x)]
+        if bad:
+            raise ValueError(f"[cuda] allow_symbols: {bad} are not symbol names (or `prefix*`, 3 characters or more)")
+        return v
 
 
 class LimitsSpec(StrictModel):
