@@ -67,16 +67,98 @@ def _rank_popularity(case, world: int, gen: torch.Generator) -> torch.Tensor:
     return _popularity(case, world) * torch.exp(0.75 * torch.randn(n_exp, generator=gen, dtype=torch.float64))
 
 
+# ---- the row-bound expert transform of moe_dispatch_combine ---------------------------------------------------------
+
+#: signed int64 view of splitmix64's multipliers (the row keys' finalizer)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+#: explicit mantissa bits of each float dtype: the noise is an integer below 2 ** bits, exact in the dtype
+_MANT_BITS = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+#: elements per chunk of the transform on the CPU: the integer temporaries stay in cache (whole-tensor passes over
+#: fresh allocations ran 10x slower at 4M elements); on a GPU one chunk
+_CPU_CHUNK = 1 << 17
+
+
+def _bits_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The integer dtype that a row's floats are read as (same element size)."""
+    return {8: torch.int64, 4: torch.int32, 2: torch.int16}[torch.empty((), dtype=dtype).element_size()]
+
+
+def _key_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Integer width of the transform's keys and noise arithmetic: int64 for float64 rows, int32 otherwise."""
+    return torch.int64 if torch.empty((), dtype=dtype).element_size() == 8 else torch.int32
+
+
+def _row_keys(x: torch.Tensor, mult: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """[k] int64: a keyed hash of the exact bits of every row of x [k, d]. mult [d] or [k, d] (the key dtype, odd)
+    weighs each feature's bits (products wrap in the key dtype, the sum is exact mod 2**64); mix ([] or [k] int64)
+    and a splitmix64 finalizer make it non-linear. Rows that differ in any bit get unrelated keys."""
+    h = (x.detach().view(_bits_dtype(x.dtype)) * mult).sum(-1, dtype=torch.int64)
+    h = (h ^ mix) * _MIX1
+    h = (h ^ (h >> 31)) * _MIX2
+    return h ^ (h >> 29)
+
+
+def _noise(h: torch.Tensor, ka: torch.Tensor, kb: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Integer noise n, |n| < 2 ** _MANT_BITS[dtype], from row keys h and per-feature keys ka, kb (odd, the key dtype;
+    h broadcasts against them: [k, 1] by [d], or elementwise): a keyed multiply-xorshift-multiply per element, so
+    the elements of a row are unrelated to each other and to those of other rows, with no affine structure to fit.
+    Integer products wrap (two's complement, on CPU and GPU alike); the coordinator runs the same code on the CPU."""
+    bits = _MANT_BITS[dtype]
+    if ka.dtype == torch.int64:
+        z = h * ka
+        z ^= z >> 32
+        z *= kb
+        return z >> (63 - bits)
+    z = (h >> 32).to(torch.int32) * ka  # the high word: exact in int32
+    z ^= z >> 16
+    z *= kb
+    return z >> (31 - bits)
+
+
+def _expert_rows(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, mult: torch.Tensor, mix: torch.Tensor,
+                 ka: torch.Tensor, kb: torch.Tensor) -> torch.Tensor:
+    """The rank-side transform of one local expert, in x's dtype: x * scale + bias + noise(row) * 2**-bits."""
+    bits = _MANT_BITS[x.dtype]
+    y = torch.addcmul(bias, x, scale)
+    n, d = int(x.shape[0]), int(x.shape[1])
+    step = n if x.is_cuda else max(1, _CPU_CHUNK // max(d, 1))
+    for a in range(0, n, step):
+        rows = x[a:a + step]
+        y[a:a + step].add_(_noise(_row_keys(rows, mult, mix)[:, None], ka, kb, x.dtype), alpha=2.0 ** -bits)
+    return y
+
+
+def _golden_rows(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, noise: torch.Tensor,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """The coordinator's float64 value of the same transform, elementwise (full and sampled checks alike)."""
+    return wide(x) * scale + bias + noise.to(torch.float64) * 2.0 ** -_MANT_BITS[dtype]
+
+
+def _random_keys(shape, dtype: torch.dtype, gen: torch.Generator, *, odd: bool) -> torch.Tensor:
+    info = torch.iinfo(dtype)
+    k = torch.randint(info.min, info.max, tuple(shape), generator=gen, dtype=torch.int64).to(dtype)
+    return k | 1 if odd else k
+
+
 @register
 class MoeDispatchCombine(GoldenOp):
     """`moe_forward(tokens, expert_ids, expert_fn, experts_per_rank) -> y`, top-1 routing.
 
     Expert e lives on rank e // experts_per_rank as that rank's local expert e % experts_per_rank. The harness gives
-    each rank an `expert_fn(local_index, x)` that applies that rank's SECRET affine transform
-    y = x * scale[local_index] + bias[local_index] (per feature), so a token is right only if it was processed by the
-    rank that owns its expert. y[i] is tokens[i] processed by expert expert_ids[i], in the original token order.
+    each rank an `expert_fn(local_index, x)` that applies that rank's SECRET transform to each row of x:
+    y = x * scale[j] + bias[j] + noise_j(x) * 2**-m (per feature; m the dtype's mantissa bits), where noise_j(x) is
+    a keyed hash of the exact bits of the whole row (`_row_keys`, `_noise`), |noise| < 2**m. The keys come from the
+    call's own seed and stay in the harness (`secret_*` inputs are never shown to the candidate). So an expert's
+    output for a row is unpredictable without handing it that very row, on its owner: probing it with other rows
+    (made-up ones, the rank's own tokens) teaches nothing about any token, and its outputs cannot be condensed into
+    fewer values either. y[i] is tokens[i] processed by expert expert_ids[i], in the original token order, and the
+    coordinator recomputes every y[i] from the bits of tokens[i] and the owner's keys: a right y[i] is proof that
+    token i reached its expert's rank unmodified and that the expert's output for it came back. This holds for the
+    sampled checks of timed calls too (`expected_samples` hashes only the sampled rows).
     A second output, expert_rows, counts the rows each local expert processed: it must equal the number of tokens
-    (of all ranks) routed to that expert, so experts run on exactly their tokens (no padding, no probing).
+    (of all ranks) routed to that expert (no padding, no probing). It is counted in the rank, so it is a contract
+    check, not the security: with every y[i] right, extra rows could only have cost time.
 
     case.shape = [T, d] (tokens per rank, hidden size); params:
       experts_per_rank (int >= 1, required), skew (float >= 0, default 1: Zipf exponent of expert popularity),
@@ -121,12 +203,17 @@ class MoeDispatchCombine(GoldenOp):
         dt = to_dtype(case.dtype)
         scale = (0.5 + 1.5 * torch.rand((epr, d), generator=gen, dtype=torch.float64)).to(dt)
         bias = torch.randn((epr, d), generator=gen, dtype=torch.float64).to(dt)
-        return {"tokens": tokens, "expert_ids": ids, "secret_scale": scale, "secret_bias": bias}
+        kdt = _key_dtype(dt)
+        return {"tokens": tokens, "expert_ids": ids, "secret_scale": scale, "secret_bias": bias,
+                "secret_row_mult": _random_keys((epr, d), kdt, gen, odd=True),
+                "secret_row_mix": _random_keys((epr,), torch.int64, gen, odd=False),
+                "secret_noise_keys": _random_keys((epr, 2, d), kdt, gen, odd=True)}
 
     def call(self, fns, inputs, case, rank, world):
         scale, bias = inputs["secret_scale"], inputs["secret_bias"]
+        mult, mix, keys = inputs["secret_row_mult"], inputs["secret_row_mix"], inputs["secret_noise_keys"]
         epr, d = int(scale.shape[0]), int(scale.shape[1])
-        dtype = inputs["tokens"].dtype
+        dtype, device = inputs["tokens"].dtype, inputs["tokens"].device
         rows = [0] * epr  # rows each local expert processed: exactly its routed tokens, no padding or probes
 
         def expert_fn(local_expert_index, x):
@@ -143,32 +230,46 @@ class MoeDispatchCombine(GoldenOp):
                 raise CandidateError(f"expert_fn: x must have shape [k, {d}], got {list(x.shape)}")
             if x.dtype != dtype:
                 raise CandidateError(f"expert_fn: x must have dtype {dtype}, got {x.dtype}")
+            if x.device != device:
+                raise CandidateError(f"expert_fn: x must be on {device} (where the tokens are), got {x.device}")
             rows[j] += int(x.shape[0])
-            return torch.addcmul(bias[j], x, scale[j])
+            return _expert_rows(x, scale[j], bias[j], mult[j], mix[j], keys[j, 0], keys[j, 1])
 
         y = fns["moe_forward"](inputs["tokens"], inputs["expert_ids"], expert_fn, epr)
         return {"y": expect_tensor(y, "moe_forward's return value"),
                 "expert_rows": torch.tensor(rows, dtype=torch.int64)}
 
     # ---- coordinator side ------------------------------------------------------------------------
+    @staticmethod
+    def _secrets(inputs) -> tuple[torch.Tensor, ...]:
+        """Every rank's transform, stacked: scale, bias [world, epr, d] float64; row_mult [world, epr, d];
+        row_mix [world, epr]; noise keys [world, epr, 2, d]."""
+        return (torch.stack([wide(i["secret_scale"]) for i in inputs]),
+                torch.stack([wide(i["secret_bias"]) for i in inputs]),
+                torch.stack([i["secret_row_mult"] for i in inputs]),
+                torch.stack([i["secret_row_mix"] for i in inputs]),
+                torch.stack([i["secret_noise_keys"] for i in inputs]))
+
     def expected(self, case, world, inputs):
         epr = int(case.params["experts_per_rank"])
-        scale = torch.stack([wide(i["secret_scale"]) for i in inputs])  # [world, epr, d]
-        bias = torch.stack([wide(i["secret_bias"]) for i in inputs])
+        dt = to_dtype(case.dtype)
+        scale, bias, mult, mix, keys = self._secrets(inputs)
         routed = torch.zeros(world * epr, dtype=torch.int64)
         ys = []
         for inp in inputs:
             ids = inp["expert_ids"]
-            owner, local = ids // epr, ids % epr
-            ys.append(narrow(wide(inp["tokens"]) * scale[owner, local] + bias[owner, local], case.dtype))
+            o, j = ids // epr, ids % epr
+            h = _row_keys(inp["tokens"], mult[o, j], mix[o, j])
+            noise = _noise(h[:, None], keys[o, j, 0], keys[o, j, 1], dt)
+            ys.append(narrow(_golden_rows(inp["tokens"], scale[o, j], bias[o, j], noise, dt), case.dtype))
             routed += torch.bincount(ids, minlength=world * epr)
         return [{"y": ys[r], "expert_rows": routed[r * epr:(r + 1) * epr].clone()} for r in range(world)]
 
     def expected_samples(self, case, world, inputs, pick):
-        """Only the sampled elements of y go through their expert's transform."""
+        """Only the sampled elements of y go through their expert's transform (only their rows are hashed)."""
         epr, d = int(case.params["experts_per_rank"]), int(case.shape[1])
-        scale = torch.stack([wide(i["secret_scale"]) for i in inputs])  # [world, epr, d]
-        bias = torch.stack([wide(i["secret_bias"]) for i in inputs])
+        dt = to_dtype(case.dtype)
+        scale, bias, mult, mix, keys = self._secrets(inputs)
         routed = sum(torch.bincount(i["expert_ids"], minlength=world * epr) for i in inputs)
         out = []
         for r, inp in enumerate(inputs):
@@ -176,8 +277,10 @@ class MoeDispatchCombine(GoldenOp):
             idx = pick(r, "y", inp["tokens"].numel())
             row, col = idx // d, idx % d
             ids = inp["expert_ids"][row]
-            owner, local = ids // epr, ids % epr
-            y = wide(inp["tokens"][row, col]) * scale[owner, local, col] + bias[owner, local, col]
+            o, j = ids // epr, ids % epr
+            h = _row_keys(inp["tokens"][row], mult[o, j], mix[o, j])
+            noise = _noise(h, keys[o, j, 0, col], keys[o, j, 1, col], dt)
+            y = _golden_rows(inp["tokens"][row, col], scale[o, j, col], bias[o, j, col], noise, dt)
             out.append({"expert_rows": counts, "y": narrow(y, case.dtype)})
         return out
 

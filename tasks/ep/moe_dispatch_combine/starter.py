@@ -7,7 +7,8 @@ import torch.distributed as dist
 def moe_forward(tokens: torch.Tensor, expert_ids: torch.Tensor,
                 expert_fn: Callable[[int, torch.Tensor], torch.Tensor], experts_per_rank: int) -> torch.Tensor:
     """Send every token to the rank owning its expert (expert e lives on rank e // experts_per_rank as local
-    expert e % experts_per_rank), apply expert_fn there, bring the results back and return them as a [T, d]
+    expert e % experts_per_rank), apply expert_fn there to exactly the tokens routed to each local expert (its
+    output for a row depends on that row's exact bits), bring the results back and return them as a [T, d]
     tensor in the original token order."""
     rank, world = dist.get_rank(), dist.get_world_size()
     # TODO: exchange counts, dispatch with an uneven all-to-all, run the local experts, combine, un-permute
