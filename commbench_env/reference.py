@@ -9,13 +9,15 @@ from .cards import Task
 from .errors import JudgeInfraError
 from .judge.client import JudgeClient
 from .judge.result import SizeResult, Verdict
+from .reward import scored
 from .paths import cache_dir
+from .sandbox import open_sandbox
 
 # Bump when the judge's way of timing changes: a figure measured one way must never be the yardstick for another
 # (2: GPU calls timed back-to-back after a warm-up, nccl-tests' iteration counts on GPUs, median of 3 runs;
 # 3: torch candidates run on their own thread with torch's intra-op thread count set: a matmul task's figures cached
 # by a judge between the two read 13x slower than now, so its reference scored a 10x speedup over itself).
-TIMING_VERSION = 3
+TIMING_VERSION = 4  # 4: CPU calls timed by the coordinator (release to samples); GPU scored on the mean
 GPU_RUNS = 3  # reference runs on a GPU; each size keeps its median run (one run's outliers moved rewards by 0.04)
 
 
@@ -29,14 +31,15 @@ def _median_runs(runs: list[list[SizeResult]]) -> list[SizeResult]:
     """Per size, the run whose median iteration is the middle one of all runs."""
     out = []
     for per_size in zip(*runs):
-        ranked = sorted(per_size, key=lambda s: s.time_us_median)
+        ranked = sorted(per_size, key=scored)
         out.append(ranked[len(ranked) // 2])
     return out
 
 
 def reference_figures(client: JudgeClient, task: Task, world: int, *, refresh: bool = False) -> list[SizeResult]:
     """Benchmark the reference once per (hardware fingerprint, task hash, world, device mode) and cache it; on a GPU,
-    keep each size's median of GPU_RUNS runs."""
+    keep each size's median of GPU_RUNS runs. The reference runs in a fresh sandbox of the client's profile, never
+    in the client's own, where candidate code has run: a candidate must not move its own yardstick."""
     hw = client.sandbox.hardware()
     mode = client.sandbox.profile.device_mode
     path = _cache_path(task, hw.fingerprint, world, mode)
@@ -46,12 +49,17 @@ def reference_figures(client: JudgeClient, task: Task, world: int, *, refresh: b
         except (ValueError, KeyError):
             pass  # a corrupt cache entry is re-measured
     runs = []
-    for _ in range(1 if mode == "cpu" else GPU_RUNS):
-        res = client.evaluate(task, {task.card.entry.file: task.reference_source()}, "benchmark", world)
-        if res.verdict != Verdict.passed:
-            raise JudgeInfraError(f"the reference of {task.id} failed its own benchmark ({res.verdict.value}): "
-                                  f"{res.summary}")
-        runs.append(res.benchmark)
+    with open_sandbox(client.sandbox.profile) as fresh:
+        judge = JudgeClient(fresh)
+        try:
+            for _ in range(1 if mode == "cpu" else GPU_RUNS):
+                res = judge.evaluate(task, {task.card.entry.file: task.reference_source()}, "benchmark", world)
+                if res.verdict != Verdict.passed:
+                    raise JudgeInfraError(f"the reference of {task.id} failed its own benchmark "
+                                          f"({res.verdict.value}): {res.summary}")
+                runs.append(res.benchmark)
+        finally:
+            judge.close()
     sizes = _median_runs(runs)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -55,14 +55,18 @@ class RewardBreakdown(StrictModel):
     note: str = ""
 
 
+def scored(s: SizeResult) -> float:
+    """The time a size is scored on (SizeResult.time_us_scored; the median in older results)."""
+    return s.time_us_scored or s.time_us_median
+
+
 def speedup_vs_reference(candidate: list[SizeResult], reference: list[SizeResult]) -> tuple[float | None, list[SizeComparison]]:
     """Per size, t_reference / t_candidate on the median iteration (max over ranks): the mean that nccl-tests
     reports is kept for display, but one descheduled iteration should not move a reward."""
     ref = {s.size_bytes: s for s in reference}
-    rows = [SizeComparison(size_bytes=c.size_bytes, candidate_us=c.time_us_median,
-                           reference_us=ref[c.size_bytes].time_us_median,
-                           speedup=ref[c.size_bytes].time_us_median / c.time_us_median)
-            for c in candidate if c.size_bytes in ref and c.time_us_median > 0 and ref[c.size_bytes].time_us_median > 0]
+    rows = [SizeComparison(size_bytes=c.size_bytes, candidate_us=scored(c), reference_us=scored(ref[c.size_bytes]),
+                           speedup=scored(ref[c.size_bytes]) / scored(c))
+            for c in candidate if c.size_bytes in ref and scored(c) > 0 and scored(ref[c.size_bytes]) > 0]
     if not rows:
         return None, rows
     return math.exp(sum(math.log(r.speedup) for r in rows) / len(rows)), rows

@@ -118,7 +118,7 @@ def test_releasing_the_judges_lock_early_does_not_stop_the_clock(evaluate):
 
 def test_harness_patch_is_undone_before_anything_is_sent(evaluate):
     res = evaluate(TASK, ATTACKS / "runtime_patch_harness.py", mode="benchmark", static_check=False)
-    assert any("commbench_env.judge.rank.send_msg" in v.detail for v in res.violations), res.violations
+    assert any("commbench_env.judge.protocol.Channel.send" in v.detail for v in res.violations), res.violations
     assert res.benchmark and all(b.time_us > 1.0 for b in res.benchmark), "a forged 1 ns timing got through"
 
 

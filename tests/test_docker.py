@@ -177,3 +177,42 @@ def test_attacks_fail_cleanly_in_a_container(sb, name, verdicts):
     finally:
         client.close()
     assert res.verdict.value in verdicts, res.feedback()
+
+
+@pytest.mark.parametrize("name,marker", [("secret_scan", "LEAKED"), ("stdout_channel", "READ-PEER"),
+                                         ("proc_peek", "PROC-LEAK"), ("detached_child", "SPAWNED\n")])
+def test_trust_boundary_holds_in_a_container(sb, name, marker):
+    """The kernel layers (spawner, Landlock, seccomp) hold inside the container too, static check off."""
+    from .conftest import ATTACKS
+
+    task = load_task("collective/allreduce_ring")
+    client = JudgeClient(sb)
+    try:
+        res = client.evaluate(task, {"solution.py": (ATTACKS / "kernel" / f"{name}.py").read_text()}, "check", 2,
+                              static_check=False)
+    finally:
+        client.close()
+    out = "\n".join(r.stdout for r in res.ranks)
+    assert res.ranks and marker not in out, out
+    assert res.isolation.get("seccomp") is True and res.isolation.get("landlock_abi", 0) >= 1, res.isolation
+    assert res.leaderboard_grade
+
+
+def test_a_detached_process_leaves_nothing_after_close():
+    """An episode whose submission tries to leave a detached process behind: after env.close() there is no such
+    process on the host and no container of the episode."""
+    require_docker()
+    from commbench_env.env import CommBenchEnv
+
+    from .conftest import ATTACKS
+
+    env = CommBenchEnv(task="collective/allreduce_ring", sandbox="docker-cpu", world_size=2, max_turns=2,
+                       static_check=False)
+    env.reset()
+    cid = env._sandbox.container_id
+    env.step({"tool": "check", "source": (ATTACKS / "kernel" / "detached_child.py").read_text()})
+    env.close()
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", "commbench-detached-marker"], capture_output=True, text=True)
+    assert not left.stdout.strip(), left.stdout
+    assert cid not in {c.id for c in ours()}

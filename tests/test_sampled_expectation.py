@@ -64,14 +64,21 @@ def test_a_wrong_sampled_value_is_caught_with_its_rank_and_position():
     full = ev.op.expected(case, world, inputs)
     right = ev.sampled_expectation(case, size, it, inputs)  # the positions the ranks draw
 
-    def reported(bad_rank: int | None) -> dict[int, dict]:
+    def reported(bad_rank: int | None, bad_input: bool = False) -> dict[int, tuple[dict, dict]]:
+        """What ranks hand back: samples of outputs, and samples of read-only inputs (drawn as ranks draw them)."""
+        from commbench_env.judge.protocol import sample_together
+
         per_rank = {}
         for r in range(world):
             numel, idx, _ = right[r]["y"]
             got = full[r]["y"].reshape(-1)[idx].clone()
             if r == bad_rank:
                 got[5] += 1.0
-            per_rank[r] = {"y": got, "y#numel": torch.tensor([numel])}
+            shown = {k: v.clone() for k, v in ev.op.candidate_inputs(inputs[r]).items()}
+            if bad_input and r == 1:
+                next(iter(shown.values())).reshape(-1)[:] += 1
+            per_rank[r] = ({"y": got, "y#numel": torch.tensor([numel])},
+                           sample_together(shown, ev.seed("sample-in", size, it)))
         return per_rank
 
     assert ev.verify_iteration(case, size, seeds, it, reported(None), full=False) is None
@@ -79,6 +86,9 @@ def test_a_wrong_sampled_value_is_caught_with_its_rank_and_position():
     assert m is not None and m.rank == 1 and m.output == "y"
     assert m.index == [int(right[1]["y"][1][5])]
     assert "timed iteration 3" in m.detail
+    if ev.card.rules.inputs_read_only:  # an input changed by a timed call is caught from its samples
+        m = ev.verify_iteration(case, size, seeds, it, reported(None, bad_input=True), full=False)
+        assert m is not None and m.rank == 1 and m.reason == "input_mutated"
 
 
 def test_ranks_sample_where_the_coordinator_looks_and_report_empty_outputs():

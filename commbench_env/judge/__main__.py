@@ -1,14 +1,24 @@
 """Judge entry inside the sandbox: `python -m commbench_env.judge run|serve|stop`.
 
-`run` reads a JudgeRequest (JSON) on stdin and prints the result after a marker on stdout. It is kept
-import-light so that forwarding to a warm server costs a few tens of milliseconds.
+The host starts it isolated (`python -I`, see `judge_command`): no start directory or user site on sys.path, so a
+package a candidate left in the sandbox is never imported by a later judge. `run` reads the host's token (first
+line) and a JudgeRequest (JSON) on stdin and prints the result after a marker on stdout; `serve` and `stop` read
+the token on stdin. It is kept import-light so that forwarding to a warm server costs a few tens of milliseconds.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+
+# What `python -I -c` runs: the host's PYTHONPATH (where this package lives in a sandbox) without the start folder.
+BOOTSTRAP = ("import os, sys; sys.path[:0] = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]; "
+             "from commbench_env.judge.__main__ import main; sys.exit(main())")
+
+
+def judge_command(python: str, *args: str) -> list[str]:
+    """The command line that runs the judge with `args` in a sandbox."""
+    return [python, "-I", "-c", BOOTSTRAP, *args]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,22 +37,23 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     from . import server
-
-    if a.cmd == "serve":
-        if a.foreground:
-            server.serve(a.socket, a.owner_pid, a.idle_timeout)
-            return 0
-        return server.start_daemon(a.socket, a.owner_pid, a.idle_timeout)
-    if a.cmd == "stop":
-        server.stop(a.socket)
-        return 0
     from .isolate import no_dump
 
-    no_dump()  # the secret arrives on stdin: other processes of this user must not read this one's memory
-    raw = sys.stdin.buffer.read()
-    out = server.forward(a.server, raw, a.timeout) if a.server and os.path.exists(a.server) else None
-    if out is None:
-        out = server.handle_request(raw)
+    no_dump()  # the token and the secret arrive on stdin: no other process may read this one's memory
+    token = sys.stdin.buffer.readline().decode(errors="replace").strip()
+    if a.cmd == "serve":
+        if a.foreground:
+            server.serve(a.socket, a.owner_pid, a.idle_timeout, token)
+            return 0
+        return server.start_daemon(a.socket, a.owner_pid, a.idle_timeout, token)
+    if a.cmd == "stop":
+        server.stop(a.socket, token)
+        return 0
+    conn = server.connect(a.server)
+    if conn is not None:
+        out = server.forward(conn, token, sys.stdin.buffer.read(), a.timeout)
+    else:  # cold: the spawner is forked before the request is read
+        out = server.run_cold(sys.stdin.buffer.read)
     server.emit(out)
     return 0
 

@@ -17,6 +17,7 @@ from ..errors import CardError, JudgeInfraError, SandboxError
 from ..sandbox import Sandbox
 from .request import JudgeRequest
 from .result import JudgeResult, Mode
+from .__main__ import judge_command
 from .server import RESULT_MARK
 
 # Seconds the judge may take beyond the task's own time limit (process start, verification, clean-up).
@@ -36,6 +37,8 @@ class JudgeClient:
     def __init__(self, sandbox: Sandbox):
         self.sandbox = sandbox
         self._server_socket: str | None = None
+        # Only a client holding this may use the sandbox's judge server (it travels on stdin, never in argv).
+        self._token = secrets.token_hex(16)
 
     def warm(self) -> None:
         """Start the sandbox's warm judge server now (torch imported once), not in the first evaluation."""
@@ -47,8 +50,9 @@ class JudgeClient:
         sock = os.path.join(self.sandbox.workdir, "judge.sock")
         if self._server_socket == sock:
             return sock
-        res = self.sandbox.exec([self.sandbox.python, "-m", "commbench_env.judge", "serve", "--socket", sock,
-                                 "--owner-pid", str(self.sandbox.owner_pid)], timeout=120)
+        res = self.sandbox.exec(judge_command(self.sandbox.python, "serve", "--socket", sock,
+                                              "--owner-pid", str(self.sandbox.owner_pid)),
+                                timeout=120, input=self._token.encode() + b"\n")
         if res.returncode != 0:
             try:
                 log = self.sandbox.read_file(sock.replace(".sock", ".log")).decode(errors="replace")
@@ -76,13 +80,15 @@ class JudgeClient:
                            secret=(secret or secrets.token_bytes(32)).hex(), workdir=eval_dir,
                            source_hash=source_hash(files), timeout_s=timeout_s, memory_mb=prof.limits.memory_mb,
                            threads_per_rank=prof.threads_per_rank, static_check=static_check,
+                           accept_weak_isolation=prof.accept_weak_isolation,
                            cache_dir=os.path.join(self.sandbox.workdir, "cuda-cache"))
         limit = (timeout_s or task.card.limits.timeout_s) + JUDGE_MARGIN_S
-        cmd = [self.sandbox.python, "-m", "commbench_env.judge", "run", "--timeout", str(limit)]
+        args = ["run", "--timeout", str(limit)]
         server = self._ensure_server()
         if server:
-            cmd += ["--server", server]
-        res = self.sandbox.exec(cmd, timeout=limit, input=req.model_dump_json().encode())
+            args += ["--server", server]
+        res = self.sandbox.exec(judge_command(self.sandbox.python, *args), timeout=limit,
+                                input=self._token.encode() + b"\n" + req.model_dump_json().encode())
         for line in reversed(res.stdout.splitlines()):
             if line.startswith(RESULT_MARK):
                 result = JudgeResult.model_validate_json(line[len(RESULT_MARK):])
@@ -94,8 +100,8 @@ class JudgeClient:
     def close(self) -> None:
         if self._server_socket and self.sandbox.alive:
             try:
-                self.sandbox.exec([self.sandbox.python, "-m", "commbench_env.judge", "stop", "--socket",
-                                   self._server_socket], timeout=30)
+                self.sandbox.exec(judge_command(self.sandbox.python, "stop", "--socket", self._server_socket),
+                                  timeout=30, input=self._token.encode() + b"\n")
             except SandboxError:
                 pass
         self._server_socket = None

@@ -14,15 +14,16 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..cards import CaseSpec, TaskCard, bus_share_of_copy, busbw_factor
 from ..golden import get_op
 from ..golden.base import GoldenOp
 from ..golden.compare import compare_tensor
-from .protocol import Reader, decode_tensors, derive_seed, pack, sample_positions
+from .protocol import ProtocolError, Reader, decode_tensors, derive_seed, pack, sample_positions, sample_together
 from .request import JudgeRequest
 from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, Roofline,
                      SizeResult, Timings, Verdict, Violation, kernel_bandwidth)
@@ -30,8 +31,23 @@ from .rules import expand_forbidden
 from .staging import usable_cores
 from .static_check import check_source
 
+if TYPE_CHECKING:
+    from .spawner import Spawner
+
 IMPLAUSIBLE_ROOFLINE_PCT = 300.0  # honest references peak near 105 % of the roofline the judge measures
 IMPLAUSIBLE_MIN_BYTES = 1 << 20  # below this, latency dominates and no roofline applies
+INPUT_PREFIX = "input:"  # how a rank hands back the read-only inputs it was shown, beside its outputs
+# What the GPU start line (syncs, the L2 reset, about 3 ms of warm-up, the device host's gate and threads) and the
+# messages around the timed calls may take beyond the calls themselves. A rank's own timings may not claim less
+# than GPU_BOUND_SHARE of the coordinator's window beyond this slack: a bound against forged figures, loose enough
+# that host noise never raises an honest one (it bites only where calls take far longer than the slack).
+GPU_START_SLACK_NS = 20_000_000
+GPU_BOUND_SHARE = 0.5
+
+
+def clock_floor(window_ns: int) -> int:
+    """The least total a rank's own GPU timings may report for calls the coordinator saw take `window_ns`."""
+    return int(GPU_BOUND_SHARE * (window_ns - GPU_START_SLACK_NS))
 VERIFY_THREADS = 8  # timed iterations checked at once (each regenerates its inputs; torch releases the GIL)
 
 
@@ -59,6 +75,7 @@ class RankProc:
     pid: int
     sock: socket.socket
     reader: Reader = field(default_factory=Reader)
+    sent: int = 0  # frames sent on this channel (each carries its number)
     state: str = "ok"
     exit_code: int | None = None
     signal: int | None = None
@@ -66,8 +83,10 @@ class RankProc:
 
 
 class Evaluation:
-    def __init__(self, req: JudgeRequest):
+    def __init__(self, req: JudgeRequest, spawner: "Spawner | None" = None):
         self.req = req
+        self.spawner = spawner
+        self.store: Any = None
         self.card = TaskCard.model_validate(req.task["card"])
         self.op: GoldenOp = get_op(self.card.semantics.op)
         self.secret = bytes.fromhex(req.secret)
@@ -121,7 +140,7 @@ class Evaluation:
         assert spec is not None
         cache = Path(self.req.cache_dir) if self.req.cache_dir else self.workdir.parent / "cuda-cache"
         b = build(path, card_arch=spec.arch, links=spec.links, extra_flags=spec.nvcc_flags,
-                  functions=self.card.entry.functions, cache_dir=cache)
+                  functions=self.card.entry.functions, cache_dir=cache, allow_symbols=spec.allow_symbols)
         self.library = b.library
         log = "\n".join(x for x in (b.log, "\n".join(b.ptxas)) if x)
         violations = [Violation(**v) for v in b.violations] if self.req.static_check else []
@@ -141,44 +160,75 @@ class Evaluation:
         return True
 
     # ---- stage 2: launch + rendezvous --------------------------------------------------------------------
-    def launch(self) -> None:
-        from .rank import rank_main
-
-        t0 = time.monotonic()
+    def rank_spec(self) -> dict[str, Any]:
+        """What a rank is started with: the card without its cases (a rank learns a case only when it must run
+        it), limits, and where the coordinator's rendezvous store listens."""
         spec = {"card": self.card.model_dump(mode="json"), "timeout_s": self.timeout_s,
                 "memory_mb": self.req.memory_mb or self.card.limits.memory_mb,
                 "threads_per_rank": self.req.threads_per_rank or max(1, (os.cpu_count() or 1) // self.world),
                 "landlock": self.req.landlock, "device_mode": self.req.device_mode}
-        # the card goes to ranks without hidden cases: a rank learns a case only when asked to run it
         spec["card"]["cases"] = []
-        pairs = [socket.socketpair() for _ in range(self.world)]
-        for r, (mine, theirs) in enumerate(pairs):
-            pid = os.fork()
-            if pid == 0:  # child: drop every other rank's channel before anything else
-                for q, (m, t) in enumerate(pairs):
-                    m.close()
-                    if q != r:
-                        t.close()
-                rank_main(r, self.world, theirs, spec, self.workdir)
+        return spec
+
+    def launch(self) -> None:
+        import torch.distributed as dist
+
+        t0 = time.monotonic()
+        spec = self.rank_spec()
+        # The rendezvous store is served here, by the coordinator: no rank owns it, and it closes once every
+        # rank's process group is connected, so ranks cannot use it as a channel.
+        self.store = dist.TCPStore("127.0.0.1", 0, self.world, True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=self.timeout_s))
+        spec["store_port"] = self.store.port
+        if self.spawner is None:
+            raise RuntimeError("an evaluation that runs candidate code needs a spawner (judge/spawner.py)")
+        for r in range(self.world):
+            mine, theirs = socket.socketpair()
+            try:
+                pid = self.spawner.spawn("rank", theirs, rank=r, world=self.world, spec=spec,
+                                         workdir=str(self.workdir))
+            finally:
+                theirs.close()
+            mine.setblocking(False)
             self.ranks.append(RankProc(rank=r, pid=pid, sock=mine))
-        for _, theirs in pairs:
-            theirs.close()
-        for rp in self.ranks:
-            rp.sock.setblocking(False)
         self.timings.launch_s = time.monotonic() - t0
 
     def rendezvous(self) -> None:
+        """Every rank reports its set-up (process group, confinement, rank 0's roofline) before candidate code
+        exists; only these messages are taken for the isolation report and the roofline."""
         t0 = time.monotonic()
-        port = self.gather([0], "store")[0][0]["port"]
-        for rp in self.ranks:
-            self.send(rp, {"port": port})
-        msgs = self.gather(range(self.world), "ready")
+        msgs = self.gather(range(self.world), "setup")
+        self.accept_setup(msgs)
+        if self.req.device_mode != "cuda":  # NCCL may open communicators later; gloo is connected by now
+            self.store = None
         self.timings.rendezvous_s = max(m[0].get("rendezvous_s", 0.0) for m in msgs.values()) if msgs else 0.0
+        self.gather(range(self.world), "ready")
         self.timings.load_s = time.monotonic() - t0 - self.timings.rendezvous_s
+
+    def accept_setup(self, msgs: dict[int, tuple[dict, bytes]]) -> None:
+        """The isolation report (the weakest rank's) and the roofline, from the pre-candidate set-up messages."""
+        reports = [m[0].get("isolation") or {} for _, m in sorted(msgs.items())]
+        iso = dict(reports[0]) if reports else {}
+        for rep in reports[1:]:
+            for k, v in rep.items():
+                if isinstance(v, bool) and not v:
+                    iso[k] = False
+                elif k == "landlock_abi":
+                    iso[k] = min(int(iso.get(k, 0)), int(v))
+        self.result.isolation = iso
+        head = msgs[min(msgs)][0] if msgs else {}
+        if isinstance(head.get("device"), dict):
+            self.result.hardware["rank_device"] = head["device"]
+        if head.get("roofline"):
+            try:
+                self.result.roofline = Roofline.model_validate(head["roofline"])
+            except ValueError as exc:
+                raise RankFailure(Verdict.runtime_error, f"rank 0 sent a malformed roofline: {exc}") from None
 
     # ---- messaging ---------------------------------------------------------------------------------------
     def send(self, rp: RankProc, header: dict[str, Any], blob: bytes = b"") -> None:
-        data = pack(header, blob)
+        data = pack(header, blob, rp.sent)
+        rp.sent += 1
         rp.sock.setblocking(True)
         rp.sock.settimeout(max(0.1, self.deadline - time.monotonic()))
         try:
@@ -189,9 +239,12 @@ class Evaluation:
         finally:
             rp.sock.setblocking(False)
 
-    def gather(self, ranks, expect: str, case: str | None = None) -> dict[int, Any]:
-        """Wait for one message from each rank in `ranks`; fail with a verdict naming who crashed or hung."""
+    def gather(self, ranks, expect: str, case: str | None = None, then=None) -> dict[int, Any]:
+        """Wait for one message from each rank in `ranks`; fail with a verdict naming who crashed or hung.
+        `then(rank, message)`, if given, sees each message at once and may name the next message that rank owes
+        (a dialogue of several steps per rank, run for all ranks together); the last message is returned."""
         pending = set(ranks)
+        waiting = {r: expect for r in pending}
         got: dict[int, Any] = {}
         sel = selectors.DefaultSelector()
         for r in pending:
@@ -199,50 +252,62 @@ class Evaluation:
         try:
             while pending:
                 for r in list(pending):
-                    msg = self.ranks[r].reader.pop()
-                    if msg is not None:
-                        self.absorb(r, msg, expect, case)
-                        got[r] = msg
-                        pending.discard(r)
-                        sel.unregister(self.ranks[r].sock)
+                    msg = self.pop(r, case)
+                    while msg is not None:
+                        self.absorb(r, msg, waiting[r], case)
+                        nxt = then(r, msg) if then else None
+                        if not nxt:
+                            got[r] = msg
+                            pending.discard(r)
+                            sel.unregister(self.ranks[r].sock)
+                            break
+                        waiting[r] = nxt
+                        msg = self.pop(r, case)
                 if not pending:
                     break
                 left = self.deadline - time.monotonic()
                 if left <= 0:
                     self.hang(sorted(pending), case)
                 for key, _ in sel.select(timeout=min(left, 1.0)):
-                    rp = self.ranks[key.data]
-                    try:
-                        data = rp.sock.recv(1 << 20)
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        data = b""
-                    rp.reader.feed(data)
-                    if not data and rp.reader.pop() is None:
-                        self.reap(rp, wait=0.5)
-                        raise RankFailure(Verdict.runtime_error,
-                                          f"rank {rp.rank} {self.describe(rp)} before reporting"
-                                          + (f" (case {case})" if case else ""), case)
-                    elif not data:
-                        rp.reader.buf = rp.reader.buf  # keep buffered message; EOF noted
+                    self.read_some(self.ranks[key.data], case)
         finally:
             sel.close()
         return got
 
+    def pop(self, r: int, case: str | None) -> tuple[dict, bytes] | None:
+        """The next whole frame from rank `r`, if one is buffered; a malformed or out-of-order frame is that rank's
+        runtime error (its code can write anything on its channel)."""
+        try:
+            return self.ranks[r].reader.pop()
+        except ProtocolError as exc:
+            raise RankFailure(Verdict.runtime_error, f"rank {r} broke the judge's protocol: {exc}", case) from None
+
+    def read_some(self, rp: RankProc, case: str | None) -> None:
+        """Read what rank `rp` has sent; a channel closed with no whole frame left is a crash."""
+        try:
+            data = rp.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        rp.reader.feed(data)
+        if not data and not rp.reader.has_frame():  # a whole frame still buffered is read first
+            self.reap(rp, wait=0.5)
+            raise RankFailure(Verdict.runtime_error,
+                              f"rank {rp.rank} {self.describe(rp)} before reporting" + (f" (case {case})" if case else ""),
+                              case)
+
     def absorb(self, r: int, msg: tuple[dict, bytes], expect: str, case: str | None) -> None:
         header = msg[0]
         rp = self.ranks[r]
-        for v in header.get("violations", []) or []:
+        violations = header.get("violations") or []
+        if not isinstance(violations, list) or not all(isinstance(v, dict) and isinstance(v.get("detail"), str)
+                                                       for v in violations):
+            raise RankFailure(Verdict.runtime_error, f"rank {r} broke the judge's protocol: malformed violations", case)
+        for v in violations:
             if v not in rp.violations:
-                rp.violations.append(v)
+                rp.violations.append({k: str(v[k]) for k in ("rule", "detail", "where") if k in v})
         kind = header.get("type")
-        if "isolation" in header:
-            self.result.isolation = header["isolation"]
-        if "device" in header:
-            self.result.hardware["rank_device"] = header["device"]
-        if header.get("roofline"):
-            self.result.roofline = Roofline.model_validate(header["roofline"])
         if kind == "load_error":
             if rp.violations:
                 raise RankFailure(Verdict.forbidden, f"rank {r} broke a rule while loading: {rp.violations[0]['detail']}")
@@ -300,24 +365,57 @@ class Evaluation:
         tol = self.card.tolerance_for(case.dtype)
         return tol.rtol, tol.atol
 
+    def decode(self, r: int, msg: tuple[dict, bytes], case: str | None) -> tuple[dict, dict]:
+        """A rank's tensors as (outputs, the read-only inputs it sent back); a malformed message is its failure."""
+        try:
+            tensors = decode_tensors(msg[0].get("outputs"), msg[1])
+        except ProtocolError as exc:
+            raise RankFailure(Verdict.runtime_error, f"rank {r} broke the judge's protocol: {exc}", case) from None
+        shown = {k[len(INPUT_PREFIX):]: v for k, v in tensors.items() if k.startswith(INPUT_PREFIX)}
+        return {k: v for k, v in tensors.items() if not k.startswith(INPUT_PREFIX)}, shown
+
+    def start_line(self, case: str | None) -> list[int]:
+        """Wait until every rank has staged its inputs, then release them; returns each rank's release time (ns)."""
+        self.gather(range(self.world), "staged", case)
+        released = []
+        for rp in self.ranks:
+            released.append(time.perf_counter_ns())
+            self.send(rp, {"cmd": "go"})
+        return released
+
+    def inputs_changed(self, case: CaseSpec, inputs: list[dict], shown: list[dict], detail: str = "",
+                       sample_seed: int | None = None) -> Mismatch | None:
+        """Whether a rank changed a read-only input: compared here, with the inputs regenerated from their seeds,
+        to what the rank handed back after the call (whole, or sampled by `sample_together` with `sample_seed`,
+        drawn after the call)."""
+        if not self.card.rules.inputs_read_only:
+            return None
+        for r in range(self.world):
+            mine = self.op.candidate_inputs(inputs[r])
+            want = mine if sample_seed is None else sample_together(mine, sample_seed)
+            for name in sorted(want):
+                got = shown[r].get(name)
+                if got is None or not _same(want[name].reshape(-1), got.reshape(-1)):
+                    what = name if sample_seed is None else f"{name.split('#')[0]} inputs"
+                    return Mismatch(case=case.name, rank=r, output=what, reason="input_mutated", hidden=not case.visible,
+                                    detail=f"rank {r} modified its input {what!r}; inputs are read-only{detail}")
+        return None
+
     def run_case(self, case: CaseSpec) -> CaseResult:
         t0 = time.monotonic()
         seeds = [self.seed("case", case.name, r) for r in range(self.world)]
         for rp in self.ranks:
             self.send(rp, {"cmd": "check", "case": case.model_dump(mode="json"), "seed": seeds[rp.rank]})
+        self.start_line(case.name)
         msgs = self.gather(range(self.world), "result", case.name)
-        outputs = [decode_tensors(msgs[r][0]["outputs"], msgs[r][1]) for r in range(self.world)]
+        decoded = [self.decode(r, msgs[r], case.name) for r in range(self.world)]
+        outputs = [d[0] for d in decoded]
         t1 = time.monotonic()
         inputs = [self.op.make_inputs(case, r, self.world, seeds[r]) for r in range(self.world)]
-        mutated = [(r, msgs[r][0]["mutated"]) for r in range(self.world) if msgs[r][0].get("mutated")]
-        if mutated and self.card.rules.inputs_read_only:
-            r, names = mutated[0]
-            mm = {"case": case.name, "rank": r, "output": names[0], "reason": "input_mutated",
-                  "detail": f"rank {r} modified its input {names[0]!r}; inputs are read-only"}
-        else:
-            mm = self.op.verify(case, self.world, inputs, outputs, self.tolerance(case))
+        changed = self.inputs_changed(case, inputs, [d[1] for d in decoded])
+        mm = None if changed else self.op.verify(case, self.world, inputs, outputs, self.tolerance(case))
         self.timings.verify_s += time.monotonic() - t1
-        mismatch = Mismatch(hidden=not case.visible, **mm) if mm else None
+        mismatch = changed or (Mismatch(hidden=not case.visible, **mm) if mm else None)
         return CaseResult(name=case.name, visible=case.visible, passed=mismatch is None,
                           seconds=t1 - t0, mismatch=mismatch)
 
@@ -346,28 +444,96 @@ class Evaluation:
         seeds = [[self.seed("bench", size, it, r) for it in range(n_iter)] for r in range(self.world)]
         full = type(self.op).verify is not GoldenOp.verify
         for rp in self.ranks:
-            self.send(rp, {"cmd": "bench", "case": case.model_dump(mode="json"), "seeds": seeds[rp.rank],
-                           "warmup": perf.warmup, "full_outputs": full})
-        times = [[0.0] * perf.iters for _ in range(self.world)]
-        samples: list[tuple[int, int, dict]] = []
-        extended = 0
-        for it in range(n_iter):
-            msgs = self.gather(range(self.world), "iter", case.name)
-            if it < perf.warmup:
-                continue
-            extended += any(msgs[r][0].get("extended") for r in range(self.world))
-            for r in range(self.world):
-                times[r][it - perf.warmup] = msgs[r][0]["ns"] / 1e3
-            sample_seed = self.seed("sample", size, it)
-            for rp in self.ranks:
-                self.send(rp, {"sample_seed": sample_seed})
-            got = self.gather(range(self.world), "samples", case.name)
-            for r in range(self.world):
-                samples.append((it, r, decode_tensors(got[r][0]["outputs"], got[r][1])))
+            self.send(rp, {"cmd": "bench", "case": case.model_dump(mode="json"), "calls": n_iter,
+                           "full_outputs": full})
+        if self.req.device_mode == "cpu":
+            times, samples, extended, bounded = self.bench_released(case, size, perf, seeds)
+        else:
+            times, samples, extended, bounded = self.bench_back_to_back(case, size, perf, seeds)
         t1 = time.monotonic()
         mismatch = self.verify_samples(case, size, seeds, samples, full)
         self.timings.verify_s += time.monotonic() - t1
-        return self.size_result(case, size, perf, times, mismatch).model_copy(update={"extended_calls": extended})
+        return self.size_result(case, size, perf, times, mismatch).model_copy(
+            update={"extended_calls": extended, "clock_bounded": bounded})
+
+    def bench_released(self, case: CaseSpec, size: int, perf, seeds) -> tuple:
+        """CPU: one call at a time. Each call's seed reaches the ranks only once the previous call's samples are
+        in; the coordinator releases all ranks together and times each from its release to the arrival of its
+        samples, which it asks for only once the rank says the call returned. So the time covers all the work the
+        outputs depend on, and nothing a rank reports about itself is taken as a time."""
+        times = [[0.0] * perf.iters for _ in range(self.world)]
+        samples: list[tuple[int, int, tuple]] = []
+        for it in range(perf.warmup + perf.iters):
+            timed = it >= perf.warmup
+            for rp in self.ranks:
+                self.send(rp, {"seed": seeds[rp.rank][it], "it": it, "sample": timed})
+            released = self.start_line(case.name)
+            ends = [0] * self.world
+            ask = {"sample_seed": self.seed("sample", size, it), "input_seed": self.seed("sample-in", size, it)}
+
+            def then(r: int, msg: tuple[dict, bytes]) -> str | None:
+                if msg[0].get("type") == "done":
+                    if not timed:
+                        return None
+                    self.send(self.ranks[r], ask)
+                    return "samples"
+                ends[r] = time.perf_counter_ns()
+                return None
+
+            got = self.gather(range(self.world), "done", case.name, then=then)
+            if timed:
+                for r in range(self.world):
+                    times[r][it - perf.warmup] = (ends[r] - released[r]) / 1e3
+                    samples.append((it, r, self.decode(r, got[r], case.name)))
+        return times, samples, 0, False
+
+    def bench_back_to_back(self, case: CaseSpec, size: int, perf, seeds) -> tuple:
+        """GPU: the warm-up calls, then the timed calls, each phase back-to-back on inputs staged just before it
+        (so no warm-up call sees a timed call's inputs). The ranks' CUDA events time each call; the coordinator's
+        own clock around the timed phase bounds them from below (a rank's events summing to less than that window
+        less the start line's slack are raised to it), since events are read inside the candidate's process."""
+        warm = perf.warmup
+        for rp in self.ranks:
+            self.send(rp, {"seeds": seeds[rp.rank][:warm]})
+        if warm:
+            self.start_line(case.name)
+            self.gather(range(self.world), "calls", case.name)
+        for rp in self.ranks:
+            self.send(rp, {"seeds": seeds[rp.rank][warm:], "first": warm})
+        released = self.start_line(case.name)
+        ends = [0] * self.world
+
+        def arrived(r: int, msg: tuple[dict, bytes]) -> None:
+            ends[r] = time.perf_counter_ns()
+
+        msgs = self.gather(range(self.world), "calls", case.name, then=arrived)
+        times, bounded, extended = [], False, 0
+        for r in range(self.world):
+            ns = msgs[r][0].get("ns")
+            if not isinstance(ns, list) or len(ns) != perf.iters or not all(isinstance(x, int) and x >= 0 for x in ns):
+                raise RankFailure(Verdict.runtime_error, f"rank {r} broke the judge's protocol: bad call times",
+                                  case.name)
+            floor = clock_floor(ends[r] - released[r])
+            if sum(ns) < floor:
+                scale = floor / max(1, sum(ns))
+                ns, bounded = [int(x * scale) if sum(ns) else floor // len(ns) for x in ns], True
+            times.append([x / 1e3 for x in ns])
+            extended = max(extended, perf.iters if msgs[r][0].get("extended") else 0)
+        samples = []
+        for i in range(perf.iters):
+            it = warm + i
+            ask = {"sample_seed": self.seed("sample", size, it), "input_seed": self.seed("sample-in", size, it)}
+            for rp in self.ranks:
+                self.send(rp, ask)
+            got = self.gather(range(self.world), "samples", case.name)
+            for r in range(self.world):
+                samples.append((it, r, self.decode(r, got[r], case.name)))
+        return times, samples, extended, bounded
+
+    def calls_released_singly(self) -> bool:
+        """Whether each timed call's inputs reach the ranks only once the previous call is over (then a call can
+        see no later call's inputs, and the median iteration is safe to score), or calls run back-to-back."""
+        return self.req.device_mode == "cpu"
 
     def size_result(self, case: CaseSpec, size: int, perf, times: list[list[float]],
                     mismatch: Mismatch | None) -> SizeResult:
@@ -393,6 +559,8 @@ class Evaluation:
         return SizeResult(size_bytes=size, dtype=case.dtype, count=int(case.shape[0]) if case.shape else 0,
                           iters=perf.iters, warmup=perf.warmup, time_us=t_us,
                           time_us_median=statistics.median(per_iter_max), time_us_min=min(per_iter_max),
+                          time_us_scored=(statistics.median(per_iter_max) if self.calls_released_singly()
+                                          else statistics.fmean(per_iter_max)),
                           per_rank_mean_us=per_rank_mean, algbw_gbps=algbw,
                           busbw_gbps=busbw, roofline_gbps=roof_gbps, roofline_pct=pct,
                           tflops=flops / (t_us * 1e-6) / 1e12 if flops and t_us > 0 else 0.0,
@@ -412,10 +580,16 @@ class Evaluation:
             found = list(pool.map(lambda item: self.verify_iteration(case, size, seeds, *item, full), items))
         return next((m for m in found if m is not None), None)
 
-    def verify_iteration(self, case: CaseSpec, size: int, seeds, it: int, per_rank: dict[int, dict],
+    def verify_iteration(self, case: CaseSpec, size: int, seeds, it: int, handed: dict[int, tuple[dict, dict]],
                          full: bool) -> Mismatch | None:
         tol = self.tolerance(case)
         inputs = [self.op.make_inputs(case, r, self.world, seeds[r][it]) for r in range(self.world)]
+        per_rank = {r: handed[r][0] for r in handed}
+        shown = [handed[r][1] for r in range(self.world)]
+        changed = self.inputs_changed(case, inputs, shown, f" (timed iteration {it})",
+                                      None if full else self.seed("sample-in", size, it))
+        if changed:
+            return changed
         if full:
             mm = self.op.verify(case, self.world, inputs, [per_rank[r] for r in range(self.world)], tol)
             if mm:
@@ -484,7 +658,7 @@ class Evaluation:
                 try:
                     rp.sock.setblocking(True)
                     rp.sock.settimeout(0.2)
-                    rp.sock.sendall(pack({"cmd": "exit"}))
+                    rp.sock.sendall(pack({"cmd": "exit"}, b"", rp.sent))
                 except OSError:
                     pass
         end = time.monotonic() + 1.0
@@ -582,7 +756,21 @@ class Evaluation:
         if mode == "profile":
             self.profile()
 
+    def grade_isolation(self) -> None:
+        """Name the kernel layers the trust model needs that the ranks could not apply (only where they ran)."""
+        iso = self.result.isolation
+        if not iso:
+            return
+        missing = []
+        if not iso.get("seccomp"):
+            missing.append("seccomp" + (f" ({iso['seccomp_error']})" if iso.get("seccomp_error") else ""))
+        if not iso.get("landlock_abi"):
+            missing.append("landlock" if self.req.landlock else "landlock (switched off by the request)")
+        self.result.isolation_missing = missing
+        self.result.leaderboard_grade = not missing or self.req.accept_weak_isolation
+
     def finish(self) -> JudgeResult:
+        self.grade_isolation()
         r = self.result
         if r.violations and r.verdict in (Verdict.passed, Verdict.wrong_answer, Verdict.runtime_error):
             r.verdict = Verdict.forbidden
@@ -612,6 +800,16 @@ class Evaluation:
         return r
 
 
+def _same(a, b) -> bool:
+    """Equal in shape, dtype and every value (NaN equal to NaN)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(a, b)) or (a.is_floating_point() and bool(torch.equal(a.isnan(), b.isnan()))
+                                       and bool(torch.equal(a.nan_to_num(), b.nan_to_num())))
+
+
 def _tail(path: Path, limit: int) -> str:
     try:
         with open(path, "rb") as fh:
@@ -624,10 +822,11 @@ def _tail(path: Path, limit: int) -> str:
     return (f"[... {size - limit} bytes cut ...]\n" + text) if size > limit else text
 
 
-def evaluate(req: JudgeRequest) -> JudgeResult:
-    """Run one evaluation to completion. Must be called in a process that will not run candidate code."""
+def evaluate(req: JudgeRequest, spawner: "Spawner") -> JudgeResult:
+    """Run one evaluation to completion. Must be called in a process that will not run candidate code; every
+    candidate process comes from `spawner`, forked before this process read the request."""
     if req.task["card"].get("language") == "cuda":
         from .cuda_eval import DeviceHostEvaluation
 
-        return DeviceHostEvaluation(req).run()
-    return Evaluation(req).run()
+        return DeviceHostEvaluation(req, spawner).run()
+    return Evaluation(req, spawner).run()

@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from ..cards import CaseSpec
-from .coordinator import Evaluation, RankFailure, RankProc
-from .protocol import decode_tensors, recv_msg, send_msg
+from .coordinator import Evaluation, RankFailure, RankProc, clock_floor
+from .protocol import Channel, ProtocolError, decode_tensors
 from .result import (CaseResult, Mismatch, RankProfile, SanitizerReport, SizeResult, Verdict,
                      kernel_bandwidth)
 
@@ -40,28 +40,44 @@ class DeviceHostEvaluation(Evaluation):
         return spec
 
     def launch(self) -> None:
-        from .device_host import device_host_main
-
         t0 = time.monotonic()
-        spec = self.host_spec(self.timeout_s)
+        if self.spawner is None:
+            raise RuntimeError("an evaluation that runs candidate code needs a spawner (judge/spawner.py)")
         mine, theirs = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:
-            mine.close()
-            device_host_main(self.world, theirs, spec, self.workdir, self.library)
-        theirs.close()
+        try:
+            pid = self.spawner.spawn("device_host", theirs, world=self.world, spec=self.host_spec(self.timeout_s),
+                                     workdir=str(self.workdir), library=str(self.library))
+        finally:
+            theirs.close()
         mine.setblocking(False)
         self.ranks.append(RankProc(rank=0, pid=pid, sock=mine))
         self.timings.launch_s = time.monotonic() - t0
 
     def rendezvous(self) -> None:
         t0 = time.monotonic()
+        self.accept_setup(self.gather([0], "setup"))
         self.gather([0], "ready")
         self.timings.load_s = time.monotonic() - t0
 
+    def calls_released_singly(self) -> bool:
+        return True  # flag protocols assume the previous call finished: each call's seeds come when it is due
+
+    def split(self, msg: tuple[dict, bytes], case: str) -> list[tuple[dict, dict]]:
+        """The device host's one message as (outputs, read-only inputs handed back) per rank."""
+        try:
+            flat = decode_tensors(msg[0].get("outputs"), msg[1])
+            per = _split(flat, self.world)
+        except (ProtocolError, ValueError, IndexError) as exc:
+            raise RankFailure(Verdict.runtime_error, f"the device host broke the judge's protocol: {exc}", case) from None
+        out = []
+        for d in per:
+            shown = {k[len("input:"):]: v for k, v in d.items() if k.startswith("input:")}
+            out.append(({k: v for k, v in d.items() if not k.startswith("input:")}, shown))
+        return out
+
     def absorb(self, r: int, msg: tuple[dict, bytes], expect: str, case: str | None) -> None:
         if msg[0].get("type") == "hung":
-            raise RankFailure(Verdict.timeout, f"time limit of {self.timeout_s:g}s reached; " + msg[0].get("error", "")
+            raise RankFailure(Verdict.timeout, f"time limit of {self.timeout_s:g}s reached; " + str(msg[0].get("error", ""))
                               + (f" (case {case})" if case else ""), case)
         super().absorb(r, msg, expect, case)
 
@@ -83,47 +99,58 @@ class DeviceHostEvaluation(Evaluation):
         specs, _ = self.out_specs(case, inputs)
         self.send(self.ranks[0], {"cmd": "check", "case": case.model_dump(mode="json"), "seeds": seeds,
                                   "out_specs": specs})
-        header, blob = self.gather([0], "result", case.name)[0]
-        outputs = _split(decode_tensors(header["outputs"], blob), self.world)
+        self.gather([0], "staged", case.name)
+        self.send(self.ranks[0], {"cmd": "go"})
+        per = self.split(self.gather([0], "result", case.name)[0], case.name)
         t1 = time.monotonic()
-        mutated = header.get("mutated") or []
-        if mutated and self.card.rules.inputs_read_only:
-            r, name = mutated[0]
-            mm = {"case": case.name, "rank": r, "output": name, "reason": "input_mutated",
-                  "detail": f"rank {r} wrote into its read-only input {name!r}"}
-        else:
-            mm = self.op.verify(case, self.world, inputs, outputs, self.tolerance(case))
+        changed = self.inputs_changed(case, inputs, [p[1] for p in per])
+        mm = None if changed else self.op.verify(case, self.world, inputs, [p[0] for p in per], self.tolerance(case))
         self.timings.verify_s += time.monotonic() - t1
-        mismatch = Mismatch(hidden=not case.visible, **mm) if mm else None
+        mismatch = changed or (Mismatch(hidden=not case.visible, **mm) if mm else None)
         return CaseResult(name=case.name, visible=case.visible, passed=mismatch is None, seconds=t1 - t0,
                           mismatch=mismatch)
 
     def bench_size(self, perf, size: int) -> SizeResult:
+        """One call at a time: each call's seeds reach the device host only when it is due. The device host's
+        CUDA events time each rank; the coordinator's clock around each call bounds them from below."""
         case = self.op.size_case(perf, size, self.world)
         n_iter = perf.warmup + perf.iters
         seeds = [[self.seed("bench", size, it, r) for it in range(n_iter)] for r in range(self.world)]
         specs, _ = self.out_specs(case, [self.op.make_inputs(case, r, self.world, seeds[r][0]) for r in range(self.world)])
-        self.send(self.ranks[0], {"cmd": "bench", "case": case.model_dump(mode="json"), "seeds": seeds,
-                                  "warmup": perf.warmup, "out_specs": specs})
+        host = self.ranks[0]
+        self.send(host, {"cmd": "bench", "case": case.model_dump(mode="json"), "calls": n_iter, "out_specs": specs})
         times = [[0.0] * perf.iters for _ in range(self.world)]
-        samples: list[tuple[int, int, dict]] = []
-        extended = 0
+        samples: list[tuple[int, int, tuple]] = []
+        extended, bounded = 0, False
         for it in range(n_iter):
-            header, _ = self.gather([0], "iter", case.name)[0]
-            if it < perf.warmup:
+            timed = it >= perf.warmup
+            self.send(host, {"seeds": [seeds[r][it] for r in range(self.world)], "sample": timed})
+            self.gather([0], "staged", case.name)
+            t0 = time.perf_counter_ns()
+            self.send(host, {"cmd": "go"})
+            header, _ = self.gather([0], "done", case.name)[0]
+            window = time.perf_counter_ns() - t0
+            if not timed:
                 continue
+            ns = header.get("ns")
+            if not isinstance(ns, list) or len(ns) != self.world or not all(isinstance(x, int) and x >= 0 for x in ns):
+                raise RankFailure(Verdict.runtime_error, "the device host broke the judge's protocol: bad call times",
+                                  case.name)
             extended += bool(header.get("extended"))
+            floor = clock_floor(window)
             for r in range(self.world):
-                times[r][it - perf.warmup] = header["ns"][r] / 1e3
-            self.send(self.ranks[0], {"sample_seed": self.seed("sample", size, it)})
-            h, blob = self.gather([0], "samples", case.name)[0]
-            for r, outs in enumerate(_split(decode_tensors(h["outputs"], blob), self.world)):
-                samples.append((it, r, outs))
+                if ns[r] < floor:
+                    bounded = True
+                times[r][it - perf.warmup] = max(ns[r], floor) / 1e3
+            self.send(host, {"sample_seed": self.seed("sample", size, it), "input_seed": self.seed("sample-in", size, it)})
+            for r, handed in enumerate(self.split(self.gather([0], "samples", case.name)[0], case.name)):
+                samples.append((it, r, handed))
         t1 = time.monotonic()
         # sampled positions are checked against op.expected (ops with a custom verify must keep expected too)
         mismatch = self.verify_samples(case, size, seeds, samples, False)
         self.timings.verify_s += time.monotonic() - t1
-        return self.size_result(case, size, perf, times, mismatch).model_copy(update={"extended_calls": extended})
+        return self.size_result(case, size, perf, times, mismatch).model_copy(
+            update={"extended_calls": extended, "clock_bounded": bounded})
 
     def profile(self) -> None:
         """GPU kernels of one call, per rank where the device host could tell the ranks' kernels apart, else one
@@ -192,18 +219,24 @@ class DeviceHostEvaluation(Evaluation):
         end = time.monotonic() + left
         try:
             mine.settimeout(left)
-            send_msg(mine, {"world": self.world, "spec": spec, "library": self.library})
-            header, _ = recv_msg(mine)
+            ch = Channel(mine)
+            ch.send({"world": self.world, "spec": spec, "library": self.library})
+            header, _ = ch.recv()
+            if header.get("type") == "setup":
+                header, _ = ch.recv()
             if header.get("type") != "ready":
                 status = f"did not start: {header.get('error', header.get('type'))}"
             else:
-                send_msg(mine, {"cmd": "check", "case": case.model_dump(mode="json"), "seeds": seeds, "out_specs": specs})
-                header, _ = recv_msg(mine)
+                ch.send({"cmd": "check", "case": case.model_dump(mode="json"), "seeds": seeds, "out_specs": specs})
+                header, _ = ch.recv()
+                if header.get("type") == "staged":
+                    ch.send({"cmd": "go"})
+                    header, _ = ch.recv()
                 if header.get("type") in ("error", "hung"):
                     status = f"the call failed: {header.get('error', '')}"
-                send_msg(mine, {"cmd": "exit"})
+                ch.send({"cmd": "exit"})
             out, _ = proc.communicate(timeout=max(1.0, end - time.monotonic()))
-        except (OSError, EOFError, subprocess.TimeoutExpired, socket.timeout):
+        except (OSError, EOFError, ValueError, subprocess.TimeoutExpired, socket.timeout):
             status = "time limit reached"
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

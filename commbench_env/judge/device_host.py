@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -18,8 +19,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import isolate
+from .confine import confine
 from .device import WarmUp, cudart_library, reset_persisting_l2, sleep_cycles, work_outlived_call
-from .protocol import encode_tensors, recv_msg, sample_outputs, send_msg
+from .protocol import Channel, encode_tensors, sample_outputs, sample_together
 from .staging import in_batches
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
@@ -112,12 +114,13 @@ class SyncProbe:
 
 
 class DeviceHost:
-    def __init__(self, world: int, sock: socket.socket, spec: dict[str, Any], library: str):
+    def __init__(self, world: int, channel: Channel, spec: dict[str, Any], library: str):
         import torch
 
         from ..golden import get_op
 
-        self.torch, self.world, self.sock, self.spec = torch, world, sock, spec
+        self.torch, self.world, self.spec = torch, world, spec
+        self.channel = channel
         torch.set_num_threads(max(1, min(HOST_THREADS, os.cpu_count() or 1)))
         self.card = spec["card"]
         self.cuda = self.card["cuda"]
@@ -226,20 +229,55 @@ class DeviceHost:
         self.torch.cuda.set_device(distinct[0])
         return True
 
+    def copies_for_ranks(self, rdir: Path) -> None:
+        """One copy of the candidate's library per rank, loaded apart (RTLD_LOCAL): every rank gets its own host
+        statics and its own CUDA module, hence its own `__device__` globals, as if it ran in a process of its own
+        (as in `cuda` mode, where each GPU has its own). Otherwise a rank's host code could read a peer's private
+        buffer pointers from a static the peer wrote, or ranks could meet in a device global instead of the
+        buffers the card gives them. Made before the process is confined; loaded only after."""
+        self.rank_libraries = []
+        for r in range(self.world):
+            dst = rdir / f"candidate-rank{r}.so"
+            shutil.copyfile(self.library_path, dst)
+            self.rank_libraries.append(str(dst))
+        self.text_symbols = _text_symbols(Path(self.library_path))  # nm runs now: no process starts once confined
+
+    def _load_modules(self, path: str) -> None:
+        """Load the CUDA module of a copy now, while no kernel is queued: with lazy loading a copy's module would
+        load at its first launch, which synchronises the context, so a rank launching behind the start gate
+        after a peer had queued its kernel there would block its host thread and the gate would never open.
+        cudaFuncGetAttributes on each function of the copy loads the module of those that are kernel stubs (the
+        others answer 'invalid device function', which is cleared)."""
+        if self.cudart is None or not self.text_symbols:
+            return
+        base = _load_base(path)
+        if base is None:
+            return
+        attrs = ctypes.create_string_buffer(1024)  # cudaFuncAttributes, with room to spare
+        for offset in self.text_symbols:
+            self.cudart.cudaFuncGetAttributes(attrs, ctypes.c_void_p(base + offset))
+        self.cudart.cudaGetLastError()
+
     def load(self) -> None:
-        lib = ctypes.CDLL(self.library_path)
-        self.fns = {}
-        for name in self.card["entry"]["functions"]:
-            fn = getattr(lib, name)
-            fn.argtypes = [ctypes.POINTER(CbArgs), ctypes.c_void_p]
-            fn.restype = ctypes.c_int
-            self.fns[name] = fn
-        self.fn = self.fns[self.card["entry"]["functions"][0]]
+        entry = self.card["entry"]["functions"][0]
+        self.rank_fns = []
+        for r, path in enumerate(getattr(self, "rank_libraries", None) or [self.library_path] * self.world):
+            lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+            self.torch.cuda.set_device(self.devices[r])  # a module loads into the current device's context
+            self._load_modules(path)
+            fns = {}
+            for name in self.card["entry"]["functions"]:
+                fn = getattr(lib, name)
+                fn.argtypes = [ctypes.POINTER(CbArgs), ctypes.c_void_p]
+                fn.restype = ctypes.c_int
+                fns[name] = fn
+            self.rank_fns.append(fns[entry])
+        self.torch.cuda.set_device(self.distinct[0])
 
     # -- buffers -------------------------------------------------------------------------------------
     def host_inputs(self, case, seeds: list[int]) -> list[dict]:
-        """Every rank's inputs for one call, made on the CPU from its seed (no CUDA work: safe on any thread)."""
-        return [self.op.make_inputs(case, r, self.world, int(seed)) for r, seed in enumerate(seeds)]
+        """Every rank's inputs for one call, made on the CPU from its seed, ranks in parallel (no CUDA work)."""
+        return list(in_batches(lambda r: self.op.make_inputs(case, r, self.world, int(seeds[r])), range(self.world)))
 
     def prepare(self, case, host: list[dict], out_specs: list[dict]) -> list[dict]:
         """Allocate and fill every rank's buffers for one call, from its inputs made by `host_inputs`."""
@@ -256,7 +294,7 @@ class DeviceHost:
                 t = torch.empty(meta["shape"], dtype=dt, device=dv)
                 t.fill_(float("nan")) if dt.is_floating_point else t.fill_(-1 if dt != torch.bool else True)
                 outs[name] = t
-            bufs.append({"inputs": inputs, "pristine": {k: v.clone() for k, v in inputs.items()}, "outs": outs})
+            bufs.append({"inputs": inputs, "outs": outs})
         return bufs
 
     def scratch_for(self, bufs: list[dict]) -> None:
@@ -351,7 +389,7 @@ class DeviceHost:
                 s = self.streams[r]
                 s.wait_event(ready[self.devices[r]])
                 starts[r].record(s)
-                rcs[r] = self.fn(ctypes.byref(args[r]), ctypes.c_void_p(s.cuda_stream))
+                rcs[r] = self.rank_fns[r](ctypes.byref(args[r]), ctypes.c_void_p(s.cuda_stream))
                 dones[r].record(s)
             except BaseException as exc:  # noqa: BLE001
                 errors[r] = f"{type(exc).__name__}: {exc}"
@@ -437,52 +475,64 @@ class DeviceHost:
                 flat[f"{r}/{name}"] = t.detach().cpu()
         return flat
 
-    def mutated(self, bufs: list[dict]) -> list[tuple[int, str]]:
-        out = []
+    def shown_inputs(self, bufs: list[dict], sample_seed: int | None = None) -> dict[str, Any]:
+        """Every rank's read-only inputs after the call, whole or sampled, for the coordinator to compare with the
+        inputs it makes itself (named `r/input:NAME`)."""
+        if not self.card["rules"]["inputs_read_only"]:
+            return {}
+        flat: dict[str, Any] = {}
         for r, b in enumerate(bufs):
-            for k, v in b["inputs"].items():
-                p = b["pristine"][k]
-                same = bool(self.torch.equal(v, p)) or (v.is_floating_point() and bool(
-                    self.torch.equal(v.nan_to_num(), p.nan_to_num())))
-                if not same:
-                    out.append((r, k))
-        return out
+            shown = self.op.candidate_inputs(b["inputs"])
+            if sample_seed is None:
+                flat.update({f"{r}/input:{k}": v.detach().cpu() for k, v in shown.items()})
+            else:
+                flat.update(sample_together(shown, sample_seed, prefix=f"{r}/input:"))
+        return flat
 
     # -- commands ------------------------------------------------------------------------------------
     def send(self, header: dict, blob: bytes = b"") -> None:
-        send_msg(self.sock, header, blob)
+        self.channel.send(header, blob)
+
+    def recv(self) -> dict:
+        return self.channel.recv()[0]
 
     def run_check(self, msg: dict, case) -> None:
         bufs = self.prepare(case, self.host_inputs(case, msg["seeds"]), msg["out_specs"])
         self.scratch_for(bufs)
-        ns = self.call_all(self.args_for(case, bufs))
-        meta, blob = encode_tensors(self.outputs(bufs))
-        self.send({"type": "result", "outputs": meta, "ns": ns, "mutated": self.mutated(bufs)}, blob)
+        self.send({"type": "staged"})
+        self.recv()  # go
+        self.call_all(self.args_for(case, bufs))
+        meta, blob = encode_tensors({**self.outputs(bufs), **self.shown_inputs(bufs)})
+        self.send({"type": "result", "outputs": meta}, blob)
 
     def run_bench(self, msg: dict, case) -> None:
-        warmup = int(msg["warmup"])
-        seeds = msg["seeds"]  # [rank][iteration]
+        """One call at a time, warm-up calls included, each on inputs whose seeds arrive only when it is due
+        (their flag protocols assume the previous call finished, so no call runs ahead of another). Batching the
+        warm-up calls' inputs was tried (2026-12-01) and cut fusion/allreduce_residual_rmsnorm's timed figures by
+        more than half on the H200; the cause was not found, so every call is staged the same way."""
         scratch_ready = None
-        calls = in_batches(lambda it: self.host_inputs(case, [seeds[r][it] for r in range(self.world)]),
-                           range(len(seeds[0])))
-        for it, host in enumerate(calls):
-            bufs = self.prepare(case, host, msg["out_specs"])
+        for _ in range(int(msg["calls"])):
+            step = self.recv()
+            bufs = self.prepare(case, self.host_inputs(case, step["seeds"]), msg["out_specs"])
             if scratch_ready is None:
                 self.scratch_for(bufs)
                 scratch_ready = [(b["scratch"], b["flags"]) for b in bufs]
             else:
                 for b, (sc, fl) in zip(bufs, scratch_ready):
                     b["scratch"], b["flags"] = sc, fl
+            self.send({"type": "staged"})
+            self.recv()  # go
             ns = self.call_all(self.args_for(case, bufs))
-            self.send({"type": "iter", "it": it, "ns": ns, "extended": self.extended})
-            if it < warmup:
+            self.send({"type": "done", "ns": ns, "extended": self.extended})
+            if not step.get("sample"):
                 continue
-            ask, _ = recv_msg(self.sock)  # positions are chosen after the outputs exist
+            ask = self.recv()  # positions are chosen after the outputs exist
             sampled = {}
             for r, b in enumerate(bufs):
                 sampled.update(sample_outputs(b["outs"], ask["sample_seed"], prefix=f"{r}/"))
+            sampled.update(self.shown_inputs(bufs, ask["input_seed"]))
             meta, blob = encode_tensors(sampled)
-            self.send({"type": "samples", "it": it, "outputs": meta}, blob)
+            self.send({"type": "samples", "outputs": meta}, blob)
 
     def run_profile(self, msg: dict, case) -> None:
         """One warm-up call, then one call under the torch profiler: its GPU kernels, in a table per rank where
@@ -507,7 +557,7 @@ class DeviceHost:
         from ..cards import CaseSpec
 
         while True:
-            msg, _ = recv_msg(self.sock)
+            msg = self.recv()
             cmd = msg.get("cmd")
             if cmd == "exit":
                 return
@@ -518,6 +568,39 @@ class DeviceHost:
                 self.send({"type": "hung", "ranks": exc.ranks, "error": str(exc)})
             except BaseException as exc:  # noqa: BLE001 - report candidate-caused failures
                 self.send({"type": "error", "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _text_symbols(library: Path) -> list[int]:
+    """Offsets of the functions a library defines (its kernels' host stubs among them), from its symbol table."""
+    import subprocess
+
+    nm = shutil.which("nm")
+    if not nm:
+        return []
+    out = subprocess.run([nm, "--defined-only", str(library)], capture_output=True, text=True, timeout=60)
+    offsets = []
+    for ln in out.stdout.splitlines():
+        parts = ln.split()
+        if len(parts) >= 3 and parts[1] in ("t", "T"):
+            try:
+                offsets.append(int(parts[0], 16))
+            except ValueError:
+                continue
+    return offsets
+
+
+def _load_base(path: str) -> int | None:
+    """Where the library at `path` was mapped in this process (its first mapping, file offset 0)."""
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/self/maps") as fh:
+            for ln in fh:
+                f = ln.split()
+                if len(f) >= 6 and f[-1] == real and int(f[2], 16) == 0:
+                    return int(f[0].split("-")[0], 16)
+    except OSError:
+        return None
+    return None
 
 
 class HungRanks(Exception):
@@ -539,32 +622,39 @@ def _enter_sandbox(rdir: Path, keep_fd: int, spec: dict[str, Any], redirect: boo
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 
-def _host_loop(world: int, sock: socket.socket, spec: dict[str, Any], library: str, rdir: Path,
-               extra_writable: tuple[str, ...] = ()) -> None:
-    host = DeviceHost(world, sock, spec, library)
-    iso = {"landlock_abi": 0, "process": "one device host for all ranks"}
-    if spec.get("landlock", True):
-        from . import landlock
+def _host_loop(world: int, channel: Channel, spec: dict[str, Any], library: str, rdir: Path,
+               extra_writable: tuple[str, ...] = (), syscalls: bool = True) -> None:
+    """Set up every GPU, confine this process, report, then load the candidate's library and serve."""
+    host = DeviceHost(world, channel, spec, library)
+    host.copies_for_ranks(rdir)
 
-        writable = [str(rdir), *(p for p in ("/dev/shm", *extra_writable) if os.path.isdir(p))]
-        iso["landlock_abi"] = landlock.restrict(writable=writable, readable=landlock.default_read_paths()
-                                                + [str(Path(library).parent)], device_rw=["/dev"],
-                                                scope_abstract_sockets=False)
+    class _Dev:  # what confine() asks of a device: a GPU process that needs no new sockets
+        is_cuda, backend = True, ""
+
+    iso = {"process": "one device host for all ranks", "landlock_abi": 0, "seccomp": False}
+    if syscalls:
+        iso.update(confine(spec, _Dev(), rdir, extra_readable=(str(Path(library).parent),),
+                           extra_writable=extra_writable))
+    else:
+        iso["seccomp_error"] = "not applied under an external tool (compute-sanitizer, ncu)"
+    host.send({"type": "setup", "rendezvous_s": 0.0, "isolation": iso,
+               "device": {"mode": spec["device_mode"], "devices": host.devices,
+                          "gpu": host.torch.cuda.get_device_name(0)}, "roofline": host.roofline})
     host.load()  # the candidate's library (and its static initialisers) only inside the sandbox
-    send_msg(sock, {"type": "ready", "rendezvous_s": 0.0, "isolation": iso,
-                    "device": {"mode": spec["device_mode"], "devices": host.devices,
-                               "gpu": host.torch.cuda.get_device_name(0)}, "roofline": host.roofline})
+    host.send({"type": "ready"})
     host.serve()
 
 
 def device_host_main(world: int, sock: socket.socket, spec: dict[str, Any], workdir: Path, library: str) -> NoReturn:
     """Entry of the forked device-host process. Never returns."""
+    channel = Channel(sock)
+
     def body() -> None:
         rdir = workdir / "rank0"
         _enter_sandbox(rdir, sock.fileno(), spec, redirect=True)
-        _host_loop(world, sock, spec, library, rdir)
+        _host_loop(world, channel, spec, library, rdir)
 
-    isolate.run_then_exit(body, lambda err: send_msg(sock, {"type": "load_error", "error": err}))
+    isolate.run_then_exit(body, lambda err: channel.send({"type": "load_error", "error": err}))
 
 
 def main() -> None:
@@ -577,14 +667,16 @@ def main() -> None:
     ap.add_argument("--workdir", required=True)
     a = ap.parse_args()
     sock = socket.socket(fileno=a.fd)
+    channel = Channel(sock)
 
     def body() -> None:
-        init, _ = recv_msg(sock)
+        init, _ = channel.recv()
         rdir = Path(a.workdir) / "sanitize"
         _enter_sandbox(rdir, sock.fileno(), init["spec"], redirect=False)
-        _host_loop(int(init["world"]), sock, init["spec"], init["library"], rdir, extra_writable=("/tmp",))
+        _host_loop(int(init["world"]), channel, init["spec"], init["library"], rdir, extra_writable=("/tmp",),
+                   syscalls=False)
 
-    isolate.run_then_exit(body, lambda err: send_msg(sock, {"type": "load_error", "error": err}))
+    isolate.run_then_exit(body, lambda err: channel.send({"type": "load_error", "error": err}))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import time
 import types
 from typing import Any, Callable
 
-from .rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P, STREAM_APIS
+from .rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P, STATIC_ONLY
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -96,7 +96,7 @@ def install_tripwires(forbidden: set[str], forbidden_attrs: set[str], guard: Gua
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    for dotted in forbidden - set(STREAM_APIS):  # torch's own code calls those: the static check stops them
+    for dotted in forbidden - set(STATIC_ONLY):  # torch's own code calls those: the static check stops them
         module_name, _, leaf = dotted.rpartition(".")
         owners = [dist, c10d] if module_name == "torch.distributed" else []
         if not owners:

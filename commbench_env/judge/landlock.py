@@ -49,16 +49,59 @@ def _handled(abi: int) -> int:
     return bits
 
 
+# /proc entries a rank may read besides its own /proc/<pid> (what torch, gloo and the CUDA driver look at). The
+# rest of /proc is closed: peers' cmdline, environ, comm and status would be channels between ranks.
+PROC_READABLE = ("/proc/cpuinfo", "/proc/meminfo", "/proc/sys", "/proc/filesystems", "/proc/version",
+                 "/proc/driver", "/proc/devices")
+
+
+def _hidden_paths() -> list[Path]:
+    """What no rank may read, wherever it sits: the task cards (hidden cases, references) and the sandbox's folder
+    (every rank's folder, the judge server's socket)."""
+    from ..paths import cards_root
+
+    hidden = [cards_root() / "tasks", Path(__file__).resolve().parent.parent / "_cards"]
+    if os.environ.get("COMMBENCH_SANDBOX"):
+        hidden.append(Path(os.environ["COMMBENCH_SANDBOX"]))
+    return [h.resolve() for h in hidden if h.exists()]
+
+
+def _expand(root: Path, hidden: list[Path]) -> list[str]:
+    """`root`, or, where something hidden lies beneath it, its entries apart from the hidden ones (recursively)."""
+    inside = [h for h in hidden if h == root or root in h.parents]
+    if not inside:
+        return [str(root)]
+    if any(h == root for h in inside):
+        return []
+    out: list[str] = []
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return out
+    for entry in entries:
+        out += _expand(entry, inside) if entry.is_dir() and not entry.is_symlink() else (
+            [] if entry in inside else [str(entry)])
+    return out
+
+
 def default_read_paths() -> list[str]:
-    """System and interpreter paths ranks may read: never the repository root or the sandbox folder."""
-    pkg = Path(__file__).resolve().parent.parent  # the commbench_env package only
-    paths = {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys", "/dev",
+    """System and interpreter paths ranks may read: fixed system folders, the interpreter's prefixes and sys.path,
+    minus the hidden paths (_hidden_paths) wherever they lie beneath those. A checkout holding this package is
+    never taken whole (its runs/ may hold traces), only the package itself."""
+    pkg = Path(__file__).resolve().parent.parent  # the commbench_env package
+    checkout = pkg.parent if (pkg.parent / "pyproject.toml").exists() or (pkg.parent / ".git").exists() else None
+    roots = {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/opt", "/sys", "/dev",
              sys.prefix, sys.base_prefix, sys.exec_prefix, str(pkg)}
-    repo_root = str(pkg.parent)
-    for p in sys.path:
-        if p and os.path.isdir(p) and os.path.abspath(p) != repo_root:
-            paths.add(os.path.abspath(p))
-    return sorted(p for p in paths if os.path.exists(p))
+    roots.update(os.path.abspath(p) for p in sys.path if p and os.path.isdir(p))
+    hidden = _hidden_paths()
+    paths: set[str] = set()
+    for r in roots:
+        root = Path(r).resolve()
+        if root.exists() and root != checkout:
+            paths.update(_expand(root, hidden + ([checkout] if checkout and root in checkout.parents else [])))
+    paths.add(f"/proc/{os.getpid()}")
+    paths.update(p for p in PROC_READABLE if os.path.exists(p))
+    return sorted(paths)
 
 
 def restrict(writable: list[str], readable: list[str], device_rw: list[str] = (),

@@ -13,12 +13,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from . import candidate_thread, integrity, isolate
+from . import candidate_thread, dispatch_guard, integrity, isolate
 from .candidate_thread import CandidateRaised, candidate_traceback
+from .confine import confine
 from .device import RankDevice
 from .guard import CommProfiler, Guard, install_audit_hook, install_tripwires
-from .protocol import encode_tensors, recv_msg, sample_outputs, send_msg
-from .rules import expand_forbidden
+from .protocol import Channel, encode_tensors, sample_outputs, sample_together
+from .rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P, expand_forbidden
 
 
 
@@ -75,12 +76,16 @@ def _settler(snapshot: list[Callable[[], list[str]]], record: Callable[[str, str
 
 class RankHarness:
     def __init__(self, rank: int, world: int, sock: socket.socket, spec: dict[str, Any], workdir: Path):
-        self.rank, self.world, self.sock, self.spec, self.workdir = rank, world, sock, spec, workdir
+        self.rank, self.world, self.spec, self.workdir = rank, world, spec, workdir
+        self.channel = Channel(sock)
         self.card = spec["card"]
         self.guard = Guard()
 
     def send(self, header: dict[str, Any], blob: bytes = b"") -> None:
-        send_msg(self.sock, header, blob)
+        self.channel.send(header, blob)
+
+    def recv(self) -> dict[str, Any]:
+        return self.channel.recv()[0]
 
     # -- set-up, all before the candidate exists ------------------------------------------------------
     def setup(self) -> None:
@@ -105,21 +110,18 @@ class RankHarness:
             self.roofline = roofline.measure(torch, self.dev.mode, self.world, gpus)
             torch.cuda.empty_cache()
         timeout = timedelta(seconds=float(self.spec["timeout_s"]))
-        if self.rank == 0:
-            store = dist.TCPStore("127.0.0.1", 0, self.world, True, timeout=timeout, wait_for_workers=False)
-            self.send({"type": "store", "port": store.port})
-        msg, _ = recv_msg(self.sock)
-        if self.rank != 0:
-            store = dist.TCPStore("127.0.0.1", int(msg["port"]), self.world, False, timeout=timeout)
+        # The store's server is the coordinator's: no rank owns the rendezvous, and it closes once all are set up.
+        store = dist.TCPStore("127.0.0.1", int(self.spec["store_port"]), self.world, False, timeout=timeout)
         t0 = self.clock()
         extra = {"device_id": self.dev.device} if self.dev.backend == "nccl" else {}
         dist.init_process_group(self.dev.backend, store=store, rank=self.rank, world_size=self.world,
                                 timeout=timeout, **extra)
-        # The harness synchronises on a group of its own, through a method bound before any tripwire exists,
-        # so neither the candidate's traffic nor a forbidden-API tripwire can touch it.
+        del store
+        # The harness synchronises on a group of its own, through its backend's own method, bound before any
+        # guard exists: neither the candidate's traffic nor a forbidden-collective guard touches it.
         self.dev.bind_group(dist.group.WORLD)
         harness_group = dist.new_group(backend="gloo")
-        bound_barrier = harness_group.barrier
+        bound_barrier = harness_group._get_backend(self.torch.device("cpu")).barrier
         self.barrier = lambda: bound_barrier().wait()
         self.barrier()
         self.rendezvous_s = (self.clock() - t0) / 1e9
@@ -127,19 +129,14 @@ class RankHarness:
         self.source = (self.workdir / "candidate" / self.card["entry"]["file"]).read_text()
         forbidden, attrs = expand_forbidden(self.card["rules"]["forbidden_apis"])
         install_tripwires(forbidden, attrs, self.guard)
+        self.guarded_ops = dispatch_guard.install(attrs & (PROCESS_GROUP_COLLECTIVES | PROCESS_GROUP_P2P),
+                                                  self.guard.record)
         self.profiler = CommProfiler(self.clock)
         self.profiler.wrap_module()
-        self.isolation = {"audit_hook": True, "tripwires": True, "non_dumpable": True, "landlock_abi": 0}
-        if self.spec.get("landlock", True):
-            from . import landlock
-
-            if self.dev.is_cuda:  # the driver needs its device nodes; NCCL needs /dev/shm and abstract sockets
-                devices, writable, scope_sockets = ["/dev"], [str(Path.cwd()), "/dev/shm"], False
-            else:
-                devices, writable, scope_sockets = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"], [str(Path.cwd())], True
-            self.isolation["landlock_abi"] = landlock.restrict(
-                writable=[w for w in writable if os.path.isdir(w)], readable=landlock.default_read_paths(),
-                device_rw=devices, scope_abstract_sockets=scope_sockets)
+        self.isolation = {"audit_hook": True, "tripwires": True, **confine(self.spec, self.dev)}
+        self.isolation["dispatch_guard"] = bool(self.guarded_ops) or not (attrs & PROCESS_GROUP_COLLECTIVES)
+        self.send({"type": "setup", "rendezvous_s": self.rendezvous_s, "isolation": self.isolation,
+                   "device": self.dev.describe(), "roofline": self.roofline})
         import torch.profiler as tp
 
         # Every object the candidate is handed or hands back goes here as soon as it exists and is dropped on the
@@ -225,50 +222,75 @@ class RankHarness:
         """This rank's inputs, made on the CPU from its private seed, then moved to the rank's device."""
         return self.bury(self.dev.to_device(self.op.make_inputs(case, self.rank, self.world, int(seed))))
 
+    def _read_only_inputs(self, inputs: dict[str, Any], cand_inputs: Any) -> dict[str, Any]:
+        """The inputs the candidate was shown and must leave unchanged, for the coordinator to compare."""
+        if not self.card["rules"]["inputs_read_only"]:
+            return {}
+        return {k: inputs[k] for k in cand_inputs if k in inputs}
+
     def run_check(self, msg: dict[str, Any]) -> None:
         case = self._case(msg["case"])
         inputs = self._inputs(case, msg["seed"])
-        pristine = {k: v.clone() for k, v in inputs.items()} if self.card["rules"]["inputs_read_only"] else {}
-        self.barrier()
-        out, ns, cand_inputs = self._invoke(case, inputs)
-        mutated = [k for k in cand_inputs if k in pristine and not _same(pristine[k], inputs[k])]
-        meta, blob = encode_tensors(out)
-        self.send({"type": "result", "outputs": meta, "ns": ns, "mutated": mutated,
-                   "violations": self.guard.violations}, blob)
+        self.send({"type": "staged"})
+        self.recv()  # the coordinator's start line: every rank is staged
+        out, _, cand_inputs = self._invoke(case, inputs)
+        shown = {"input:" + k: v for k, v in self._read_only_inputs(inputs, cand_inputs).items()}
+        meta, blob = encode_tensors({**out, **shown})
+        self.send({"type": "result", "outputs": meta, "violations": self.guard.violations}, blob)
 
     def run_bench(self, msg: dict[str, Any]) -> None:
-        """Warm-up and timed calls, each on fresh inputs; then samples of every timed call's outputs.
+        """Warm-up and timed calls, each on fresh inputs whose seed arrives only when that call (on a GPU: that
+        phase) is due; then samples of every timed call's outputs and read-only inputs.
 
-        On a GPU the calls run back-to-back after one start line, as nccl-tests times them: every iteration's
-        inputs are staged first, and nothing the host does between calls leaves the GPU idle (a call timed
-        after the GPU idled read up to 2.7x slow). So each call's outputs must be its own: a buffer that a later
-        call overwrites fails verification. On the CPU each call follows a host barrier and is sampled at once."""
+        On the CPU the coordinator releases one call at a time and times it with its own clock, from the release
+        to the arrival of the call's samples. On a GPU the calls run back-to-back after one start line, as
+        nccl-tests times them: the warm-up calls first, then the timed calls on inputs staged only after the
+        warm-up ended, so no warm-up call can see a timed call's inputs. So each call's outputs must be its own:
+        a buffer that a later call overwrites fails verification."""
         case = self._case(msg["case"])
-        warmup, full = int(msg["warmup"]), bool(msg.get("full_outputs"))
         if self.dev.is_cuda:
-            staged = [self._inputs(case, seed) for seed in msg["seeds"]]
+            self._bench_gpu(case, msg)
+            return
+        for _ in range(int(msg["calls"])):
+            step = self.recv()
+            inputs = self._inputs(case, step["seed"])
+            self.send({"type": "staged"})
+            self.recv()  # go
+            out, _, cand_inputs = self._invoke(case, inputs)
+            self.send({"type": "done"})
+            if step.get("sample"):
+                self.send_samples(step["it"], out, self._read_only_inputs(inputs, cand_inputs), bool(msg.get("full_outputs")))
+
+    def _bench_gpu(self, case, msg: dict[str, Any]) -> None:
+        full = bool(msg.get("full_outputs"))
+        for phase in ("warmup", "timed"):
+            step = self.recv()
+            staged = [self._inputs(case, seed) for seed in step["seeds"]]
+            if not staged:
+                continue
             input_bytes = sum(t.numel() * t.element_size() for t in staged[0].values())
             self.dev.reserve(input_bytes * self.world * len(staged))  # outputs up to world x the inputs (all-gather)
             self.barrier()
+            self.send({"type": "staged"})
+            self.recv()  # go
             self.dev.align()
             outs, spans = self._timed_calls(case, staged)
-            for it, (out, ns) in enumerate(zip(outs, spans)):
-                self.send({"type": "iter", "it": it, "ns": ns, "extended": self.dev.extended})
-                if it >= warmup:
-                    self.send_samples(it, out, full)
-            return
-        for it, seed in enumerate(msg["seeds"]):
-            inputs = self._inputs(case, seed)
-            self.barrier()
-            out, ns, _ = self._invoke(case, inputs)
-            self.send({"type": "iter", "it": it, "ns": ns})
-            if it >= warmup:
-                self.send_samples(it, out, full)
+            self.send({"type": "calls", "phase": phase, "ns": spans, "extended": self.dev.extended})
+            if phase == "timed":
+                for it, out in enumerate(outs):
+                    shown = self._read_only_inputs(staged[it], self.op.candidate_inputs(staged[it]))
+                    self.send_samples(int(step["first"]) + it, out, shown, full)
 
-    def send_samples(self, it: int, out: dict[str, Any], full: bool) -> None:
-        """The outputs of timed call `it`, or samples of them at positions drawn only after they exist."""
-        ask, _ = recv_msg(self.sock)
-        meta, blob = encode_tensors(out if full else sample_outputs(out, ask["sample_seed"]))
+    def send_samples(self, it: int, out: dict[str, Any], inputs: dict[str, Any], full: bool) -> None:
+        """The outputs of timed call `it` and the read-only inputs it was shown, or samples of both at positions
+        drawn only after they exist."""
+        ask = self.recv()
+        if full:
+            tensors = {**out, **{"input:" + k: v for k, v in inputs.items()}}
+        else:
+            tensors = {**sample_outputs(out, ask["sample_seed"]),
+                       **sample_together(inputs, ask["input_seed"], prefix="input:")}
+        meta, blob = encode_tensors(tensors)
         self.send({"type": "samples", "it": it, "outputs": meta, "violations": self.guard.violations}, blob)
 
     def run_profile(self, msg: dict[str, Any]) -> None:
@@ -321,7 +343,7 @@ class RankHarness:
     def serve(self) -> None:
         handlers = {"check": self.run_check, "bench": self.run_bench, "profile": self.run_profile}
         while True:
-            msg, _ = recv_msg(self.sock)
+            msg = self.recv()
             cmd = msg.get("cmd")
             if cmd == "exit":
                 return
@@ -357,11 +379,9 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
         except BaseException as exc:  # noqa: BLE001
             text = (exc.text if isinstance(exc, CandidateRaised)
                     else candidate_traceback(exc, spec["card"]["entry"]["file"]))
-            h.send({"type": "load_error", "error": text,
-                    "violations": h.guard.violations, "isolation": h.isolation})
+            h.send({"type": "load_error", "error": text, "violations": h.guard.violations})
         else:
-            h.send({"type": "ready", "rendezvous_s": h.rendezvous_s, "isolation": h.isolation,
-                    "device": h.dev.describe(), "roofline": h.roofline})
+            h.send({"type": "ready"})
             h.serve()
 
     isolate.run_then_exit(body)  # harness failures go to the rank's stderr; the coordinator sees the exit

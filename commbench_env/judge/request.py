@@ -23,6 +23,8 @@ class JudgeRequest(StrictModel):
     threads_per_rank: int | None = None
     static_check: bool = Field(default=True, description="tests turn this off to prove the runtime layer alone")
     landlock: bool = Field(default=True, description="confine each rank's files with Landlock where the kernel has it")
+    accept_weak_isolation: bool = Field(default=False, description="the profile's opt-in: a result is "
+                                        "leaderboard-grade even if a kernel layer is missing")
     max_output_chars: int = 4000
     cache_dir: str | None = Field(default=None, description="build cache of cuda candidates (kept across evaluations)")
     cleanup: bool = Field(default=True, description="remove the evaluation folder afterwards (fresh dirs, no state)")

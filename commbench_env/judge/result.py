@@ -9,7 +9,8 @@ from pydantic import Field
 
 from ..config import StrictModel
 
-SCHEMA_VERSION = "1.2"  # 1.1: roofline, roofline_pct, ncu; 1.2: SizeResult.roofline_gbps
+SCHEMA_VERSION = "1.3"  # 1.1: roofline, roofline_pct, ncu; 1.2: SizeResult.roofline_gbps; 1.3: time_us_scored,
+# clock_bounded, isolation_missing, leaderboard_grade
 
 Mode = Literal["compile", "check", "benchmark", "profile", "full", "sanitize"]
 MODES: tuple[str, ...] = ("compile", "check", "benchmark", "profile", "full", "sanitize")
@@ -78,6 +79,12 @@ class SizeResult(StrictModel):
     time_us: float
     time_us_median: float
     time_us_min: float
+    time_us_scored: float = Field(default=0.0, description="the time the reward uses: the median iteration where "
+                                  "the coordinator releases one call at a time (CPU), the mean where calls run "
+                                  "back-to-back (GPU), since a call that can see later calls' inputs can move work "
+                                  "between them but not remove it; 0 in results older than this field: the median")
+    clock_bounded: bool = Field(default=False, description="the ranks' own timings summed to less than the "
+                                "coordinator's clock allows; the times were raised to that bound")
     per_rank_mean_us: list[float]
     algbw_gbps: float
     busbw_gbps: float
@@ -187,7 +194,13 @@ class JudgeResult(StrictModel):
     hardware: dict = Field(default_factory=dict)
     roofline: Roofline | None = None
     ncu: SanitizerReport | None = Field(default=None, description="Nsight Compute on the slowest kernel (profile mode)")
-    isolation: dict = Field(default_factory=dict, description="which sandbox layers were active in the ranks")
+    isolation: dict = Field(default_factory=dict, description="which sandbox layers were active in the ranks, as "
+                            "each rank reported them before any candidate code existed (the weakest rank's)")
+    isolation_missing: list[str] = Field(default_factory=list, description="kernel layers the trust model needs "
+                                         "that this host lacked (docs/trust-model.md)")
+    leaderboard_grade: bool = Field(default=True, description="no layer was missing, or the sandbox profile "
+                                    "accepts weak isolation (accept_weak_isolation); a result from a host that "
+                                    "could not confine candidate code is not comparable on a leaderboard")
     sanitizer: list[SanitizerReport] = Field(default_factory=list)
 
     @property

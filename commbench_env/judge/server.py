@@ -1,34 +1,43 @@
 """A warm judge server (a zygote): torch imported once, then one forked coordinator per evaluation.
 
-It never runs candidate code itself, so nothing leaks from one evaluation into the next: every evaluation gets
-freshly forked coordinator and rank processes and a fresh folder. It exits when its socket file disappears
-(the sandbox was closed), when its owner process dies, or after an idle timeout.
+It never runs candidate code and never reads a request's body (the secret and hidden cases): it reads only a
+frame's header, checks the client (same uid, over SO_PEERCRED, and the token the host gave it at start), and forks
+a coordinator, which forks its secretless spawner before it reads the body (judge/spawner.py). So nothing leaks
+from one evaluation into the next, and no candidate process ever starts from memory that held a secret. It exits
+when its socket file disappears (the sandbox was closed), when its owner process dies, or after an idle timeout.
 """
 
 from __future__ import annotations
 
-import json
+import hmac
 import os
+import struct
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-from .protocol import recv_msg, send_msg
+from .protocol import ProtocolError, recv_blob, recv_header, recv_msg, send_msg
+
+if TYPE_CHECKING:
+    from .spawner import Spawner
 
 RESULT_MARK = "COMMBENCH-RESULT "
 
 
-def _preload() -> None:
+def preload() -> None:
+    """Import what evaluations need, once, so that forked coordinators and ranks start warm."""
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
     import torch.profiler  # noqa: F401
 
     from .. import cards, golden  # noqa: F401
-    from . import coordinator, rank  # noqa: F401
+    from . import coordinator, dispatch_guard, rank, seccomp_filter  # noqa: F401
 
     golden.op_names()
+    seccomp_filter.available()  # loads libseccomp (its lookup runs ldconfig) before any rank is confined
     from .cuda_build import detected_arch, nvcc_version
 
     nvcc_version(), detected_arch()  # asked once here, inherited by every forked coordinator
@@ -46,17 +55,49 @@ def _owner_alive(pid: int) -> bool:
         return True
 
 
-def handle_request(raw: bytes) -> str:
-    """Run one evaluation in this (forked) process and return the JudgeResult as JSON."""
+def handle_request(raw: bytes, spawner: "Spawner") -> str:
+    """Run one evaluation in this process and return the JudgeResult as JSON. `spawner` was forked before `raw`
+    (which holds the secret) was read."""
     from .coordinator import evaluate
     from .request import JudgeRequest
 
     req = JudgeRequest.model_validate_json(raw)
-    return evaluate(req).model_dump_json()
+    return evaluate(req, spawner).model_dump_json()
 
 
-def serve(socket_path: str, owner_pid: int, idle_timeout: float, ready_fd: int | None = None) -> None:
-    _preload()
+def run_cold(read_request: "Callable[[], bytes]") -> str:
+    """Evaluate in this process without a server: the spawner first, then the request."""
+    from .spawner import Spawner
+
+    spawner = Spawner(preload=True)  # imports what ranks need at its first spawn, not before
+    try:
+        return handle_request(read_request(), spawner)
+    finally:
+        spawner.close()
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[2]
+
+
+def _evaluate_connection(conn: socket.socket, blen: int) -> None:
+    """In the forked coordinator: spawner first, then the request body, then the evaluation."""
+    from .spawner import Spawner
+
+    spawner = Spawner()
+    try:
+        conn.settimeout(30)
+        raw = recv_blob(conn, blen)
+        out = handle_request(raw, spawner)
+        conn.settimeout(None)
+        send_msg(conn, {"ok": True}, out.encode())
+    finally:
+        spawner.close()
+
+
+def serve(socket_path: str, owner_pid: int, idle_timeout: float, token: str, ready_fd: int | None = None) -> None:
+    preload()
     path = Path(socket_path)
     if path.exists():
         path.unlink()
@@ -96,7 +137,12 @@ def serve(socket_path: str, owner_pid: int, idle_timeout: float, ready_fd: int |
             last = time.monotonic()
             conn.settimeout(10)
             try:
-                header, blob = recv_msg(conn)
+                if _peer_uid(conn) != os.getuid():
+                    raise ProtocolError("client of another user")
+                header, blen = recv_header(conn)
+                if not hmac.compare_digest(str(header.get("token", "")), token):
+                    send_msg(conn, {"ok": False, "error": "the judge server refused a client without its token"})
+                    raise ProtocolError("bad token")
             except (EOFError, OSError, ValueError):
                 conn.close()
                 continue
@@ -109,9 +155,7 @@ def serve(socket_path: str, owner_pid: int, idle_timeout: float, ready_fd: int |
                 try:
                     srv.close()
                     os.setsid()
-                    out = handle_request(blob)
-                    conn.settimeout(None)
-                    send_msg(conn, {"ok": True}, out.encode())
+                    _evaluate_connection(conn, blen)
                 except BaseException as exc:  # noqa: BLE001 - report anything to the client
                     code = 1
                     try:
@@ -135,7 +179,7 @@ def serve(socket_path: str, owner_pid: int, idle_timeout: float, ready_fd: int |
             pass
 
 
-def start_daemon(socket_path: str, owner_pid: int, idle_timeout: float) -> int:
+def start_daemon(socket_path: str, owner_pid: int, idle_timeout: float, token: str) -> int:
     """Double-fork a detached server; return once it listens (0) or failed (1)."""
     r, w = os.pipe()
     pid = os.fork()
@@ -151,7 +195,7 @@ def start_daemon(socket_path: str, owner_pid: int, idle_timeout: float) -> int:
         os.dup2(log, 2)
         code = 0
         try:
-            serve(socket_path, owner_pid, idle_timeout, ready_fd=w)
+            serve(socket_path, owner_pid, idle_timeout, token, ready_fd=w)
         except BaseException:  # noqa: BLE001
             import traceback
 
@@ -170,17 +214,24 @@ def start_daemon(socket_path: str, owner_pid: int, idle_timeout: float) -> int:
     return 0 if data.startswith(b"ready") else 1
 
 
-def forward(socket_path: str, raw: bytes, timeout: float) -> str | None:
-    """Send a request to a running server; None if no server answers there (the caller then runs cold)."""
+def connect(socket_path: str | None) -> socket.socket | None:
+    """A connection to a running server, or None (the caller then evaluates cold)."""
+    if not socket_path or not os.path.exists(socket_path):
+        return None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(socket_path)
     except OSError:
         s.close()
         return None
+    return s
+
+
+def forward(s: socket.socket, token: str, raw: bytes, timeout: float) -> str:
+    """Send a request to the server on `s` and return its result."""
     try:
         s.settimeout(timeout)
-        send_msg(s, {"cmd": "run"}, raw)
+        send_msg(s, {"cmd": "run", "token": token}, raw)
         header, blob = recv_msg(s)
     finally:
         s.close()
@@ -189,11 +240,11 @@ def forward(socket_path: str, raw: bytes, timeout: float) -> str | None:
     return blob.decode()
 
 
-def stop(socket_path: str) -> None:
+def stop(socket_path: str, token: str) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(socket_path)
-        send_msg(s, {"cmd": "stop"})
+        send_msg(s, {"cmd": "stop", "token": token})
     except OSError:
         pass
     finally:
@@ -204,6 +255,3 @@ def emit(result_json: str) -> None:
     sys.stdout.write(RESULT_MARK + result_json + "\n")
     sys.stdout.flush()
 
-
-def _main_json(obj: dict) -> str:
-    return json.dumps(obj)

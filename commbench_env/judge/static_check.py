@@ -6,6 +6,7 @@ Runs in the coordinator on the source text; the candidate is never imported here
 from __future__ import annotations
 
 import ast
+import re
 import importlib.util
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ class StaticReport:
 
 class _Checker(ast.NodeVisitor):
     def __init__(self, forbidden: set[str], forbidden_attrs: set[str], allowed_imports: set[str]):
+        self.docstrings: set[int] = set()  # ids of docstring constants, set by check_source
         self.forbidden = forbidden
         self.forbidden_attrs = forbidden_attrs - AMBIGUOUS_METHODS  # those are left to the run-time tripwire
         self.allowed = allowed_imports
@@ -133,6 +135,30 @@ class _Checker(ast.NodeVisitor):
     def visit_Global(self, node: ast.Global) -> None:
         self.generic_visit(node)
 
+    def visit_Constant(self, node: ast.Constant) -> None:
+        """A string that names a dunder or private attribute reaches it without an attribute node: through a
+        format field ("{0.__globals__}"), or any API that looks attributes up by name."""
+        if isinstance(node.value, str) and id(node) not in self.docstrings:
+            m = _DUNDER.search(node.value) or _FORMAT_PRIVATE.search(node.value)
+            if m:
+                self.flag(node, "private_access", f"the string {m.group(0)!r} names a private or dunder attribute; "
+                          "attributes are reached by name in code, not through strings")
+
+
+_DUNDER = re.compile(r"__[A-Za-z][A-Za-z0-9_]*__")
+_FORMAT_PRIVATE = re.compile(r"\{[^{}]*[.\[]\s*_[^{}]*\}")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of docstring constants (free text, never evaluated as names)."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body:
+            first = n.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
 
 def check_source(source: str, filename: str, forbidden: set[str], forbidden_attrs: set[str],
                  extra_imports: list[str] | None = None, required: list[str] | None = None) -> StaticReport:
@@ -148,6 +174,7 @@ def check_source(source: str, filename: str, forbidden: set[str], forbidden_attr
         return StaticReport(ok=False, log=log, syntax_error=True)
     allowed = set(ALLOWED_IMPORTS) | set(extra_imports or [])
     checker = _Checker(forbidden, forbidden_attrs, allowed)
+    checker.docstrings = _docstrings(tree)
     checker.visit(tree)
     notes: list[str] = []
     for module, line in checker.imports:

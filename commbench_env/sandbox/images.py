@@ -37,15 +37,33 @@ def _package_digest() -> str:
 
 
 def image_tag(profile: SandboxProfile) -> str:
-    """commbench-<flavor>:<hash of Dockerfile, base, package version and source, torch version>."""
+    """commbench-<flavor>:<hash of Dockerfile, base, package version, declared dependencies and source, torch
+    version>. The dependencies count because the image installs them: a new one (pyseccomp for the rank's syscall
+    filter) must not be missing from an image built before it was declared."""
     d = profile.docker
     h = hashlib.sha256()
     h.update(dockerfile(d.flavor).read_bytes())
     h.update((d.base or "").encode() + __version__.encode())
+    h.update("\n".join(_declared_dependencies()).encode())
     if not d.mount_package:  # the baked-in package is what runs: its source is part of the image
         h.update(_package_digest().encode())
     h.update(_torch_version().encode() if d.flavor == "cpu" else b"")
     return f"commbench-{d.flavor}:{h.hexdigest()[:12]}"
+
+
+def _declared_dependencies() -> list[str]:
+    """The package's runtime requirements, from the checkout's pyproject.toml or the installed metadata."""
+    pyproject = PACKAGE_DIR.parent / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            import tomli as tomllib
+        return sorted(tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies", []))
+    try:
+        return sorted(r for r in metadata.requires("commbench-env") or [] if "extra ==" not in r)
+    except metadata.PackageNotFoundError:
+        return []
 
 
 def _torch_version() -> str:

@@ -52,6 +52,8 @@ class SandboxProfile(StrictModel):
     warm_server: bool = Field(default=True, description="keep a judge server with torch imported (fast steps)")
     fresh_per_episode: bool = Field(default=False, description="start a new sandbox at every reset")
     threads_per_rank: int | None = None
+    accept_weak_isolation: bool = Field(default=False, description="count results as leaderboard-grade even where "
+                                        "the host lacks a kernel layer of the trust model (Landlock, seccomp)")
     env: dict[str, str] = Field(default_factory=dict)
     limits: Limits = Field(default_factory=Limits)
     gpus: GpuSelection = Field(default_factory=GpuSelection)
