@@ -357,15 +357,6 @@ class RankHarness:
             self.release()
 
 
-def _same(a, b) -> bool:
-    import torch
-
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return bool(torch.equal(a, b)) or (a.is_floating_point() and bool(torch.equal(a.isnan(), b.isnan()))
-                                       and bool(torch.equal(a.nan_to_num(), b.nan_to_num())))
-
-
 def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], workdir: Path,
               keep_fds: tuple[int, ...] = ()) -> NoReturn:
     """Entry of a freshly forked rank process. Never returns."""
