@@ -68,6 +68,12 @@ class RankFailure(Exception):
         super().__init__(summary)
         self.verdict, self.summary, self.case = verdict, summary, case
 
+    @classmethod
+    def protocol(cls, who: str, what: object, case: str | None = None) -> "RankFailure":
+        """`who` sent something the judge's protocol does not allow: its runtime error (candidate code in that
+        process can write anything on its channel), never the judge's."""
+        return cls(Verdict.runtime_error, f"{who} broke the judge's protocol: {what}", case)
+
 
 @dataclass
 class RankProc:
@@ -280,7 +286,7 @@ class Evaluation:
         try:
             return self.ranks[r].reader.pop()
         except ProtocolError as exc:
-            raise RankFailure(Verdict.runtime_error, f"rank {r} broke the judge's protocol: {exc}", case) from None
+            raise RankFailure.protocol(f"rank {r}", exc, case) from None
 
     def read_some(self, rp: RankProc, case: str | None) -> None:
         """Read what rank `rp` has sent; a channel closed with no whole frame left is a crash."""
@@ -303,7 +309,7 @@ class Evaluation:
         violations = header.get("violations") or []
         if not isinstance(violations, list) or not all(isinstance(v, dict) and isinstance(v.get("detail"), str)
                                                        for v in violations):
-            raise RankFailure(Verdict.runtime_error, f"rank {r} broke the judge's protocol: malformed violations", case)
+            raise RankFailure.protocol(f"rank {r}", "malformed violations", case)
         for v in violations:
             if v not in rp.violations:
                 rp.violations.append({k: str(v[k]) for k in ("rule", "detail", "where") if k in v})
@@ -370,7 +376,7 @@ class Evaluation:
         try:
             tensors = decode_tensors(msg[0].get("outputs"), msg[1])
         except ProtocolError as exc:
-            raise RankFailure(Verdict.runtime_error, f"rank {r} broke the judge's protocol: {exc}", case) from None
+            raise RankFailure.protocol(f"rank {r}", exc, case) from None
         shown = {k[len(INPUT_PREFIX):]: v for k, v in tensors.items() if k.startswith(INPUT_PREFIX)}
         return {k: v for k, v in tensors.items() if not k.startswith(INPUT_PREFIX)}, shown
 
@@ -469,7 +475,7 @@ class Evaluation:
                 self.send(rp, {"seed": seeds[rp.rank][it], "it": it, "sample": timed})
             released = self.start_line(case.name)
             ends = [0] * self.world
-            ask = {"sample_seed": self.seed("sample", size, it), "input_seed": self.seed("sample-in", size, it)}
+            ask = self.sample_ask(size, it)
 
             def then(r: int, msg: tuple[dict, bytes]) -> str | None:
                 if msg[0].get("type") == "done":
@@ -509,26 +515,36 @@ class Evaluation:
         msgs = self.gather(range(self.world), "calls", case.name, then=arrived)
         times, bounded, extended = [], False, 0
         for r in range(self.world):
-            ns = msgs[r][0].get("ns")
-            if not isinstance(ns, list) or len(ns) != perf.iters or not all(isinstance(x, int) and x >= 0 for x in ns):
-                raise RankFailure(Verdict.runtime_error, f"rank {r} broke the judge's protocol: bad call times",
-                                  case.name)
-            floor = clock_floor(ends[r] - released[r])
-            if sum(ns) < floor:
-                scale = floor / max(1, sum(ns))
-                ns, bounded = [int(x * scale) if sum(ns) else floor // len(ns) for x in ns], True
+            ns, raised = self.bounded_times(f"rank {r}", msgs[r][0].get("ns"), perf.iters, ends[r] - released[r],
+                                            case.name)
             times.append([x / 1e3 for x in ns])
+            bounded = bounded or raised
             extended = max(extended, perf.iters if msgs[r][0].get("extended") else 0)
         samples = []
         for i in range(perf.iters):
             it = warm + i
-            ask = {"sample_seed": self.seed("sample", size, it), "input_seed": self.seed("sample-in", size, it)}
+            ask = self.sample_ask(size, it)
             for rp in self.ranks:
                 self.send(rp, ask)
             got = self.gather(range(self.world), "samples", case.name)
             for r in range(self.world):
                 samples.append((it, r, self.decode(r, got[r], case.name)))
         return times, samples, extended, bounded
+
+    def sample_ask(self, size: int, it: int) -> dict[str, int]:
+        """The seeds of the positions sampled after timed call `it`: of its outputs, and of its read-only inputs."""
+        return {"sample_seed": self.seed("sample", size, it), "input_seed": self.seed("sample-in", size, it)}
+
+    @staticmethod
+    def bounded_times(who: str, ns: Any, calls: int, window_ns: int, case: str) -> tuple[list[int], bool]:
+        """A process's own GPU timings of `calls` calls, checked and raised (proportionally) to `clock_floor` of the
+        coordinator's window around them if they sum to less; returns them and whether they were raised."""
+        if not isinstance(ns, list) or len(ns) != calls or not all(type(x) is int and x >= 0 for x in ns):
+            raise RankFailure.protocol(who, "bad call times", case)
+        floor, total = clock_floor(window_ns), sum(ns)
+        if total >= floor:
+            return ns, False
+        return ([int(x * floor / total) for x in ns] if total else [floor // calls] * calls), True
 
     def calls_released_singly(self) -> bool:
         """Whether each timed call's inputs reach the ranks only once the previous call is over (then a call can
@@ -587,7 +603,7 @@ class Evaluation:
         per_rank = {r: handed[r][0] for r in handed}
         shown = [handed[r][1] for r in range(self.world)]
         changed = self.inputs_changed(case, inputs, shown, f" (timed iteration {it})",
-                                      None if full else self.seed("sample-in", size, it))
+                                      None if full else self.sample_ask(size, it)["input_seed"])
         if changed:
             return changed
         if full:

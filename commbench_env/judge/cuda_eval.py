@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ..cards import CaseSpec
-from .coordinator import Evaluation, RankFailure, RankProc, clock_floor
+from .coordinator import Evaluation, RankFailure, RankProc
 from .protocol import Channel, ProtocolError, decode_tensors
 from .result import (CaseResult, Mismatch, RankProfile, SanitizerReport, SizeResult, Verdict,
                      kernel_bandwidth)
@@ -68,7 +68,7 @@ class DeviceHostEvaluation(Evaluation):
             flat = decode_tensors(msg[0].get("outputs"), msg[1])
             per = _split(flat, self.world)
         except (ProtocolError, ValueError, IndexError) as exc:
-            raise RankFailure(Verdict.runtime_error, f"the device host broke the judge's protocol: {exc}", case) from None
+            raise RankFailure.protocol("the device host", exc, case) from None
         out = []
         for d in per:
             shown = {k[len("input:"):]: v for k, v in d.items() if k.startswith("input:")}
@@ -133,16 +133,14 @@ class DeviceHostEvaluation(Evaluation):
             if not timed:
                 continue
             ns = header.get("ns")
-            if not isinstance(ns, list) or len(ns) != self.world or not all(isinstance(x, int) and x >= 0 for x in ns):
-                raise RankFailure(Verdict.runtime_error, "the device host broke the judge's protocol: bad call times",
-                                  case.name)
+            if not isinstance(ns, list) or len(ns) != self.world:
+                raise RankFailure.protocol("the device host", "bad call times", case.name)
             extended += bool(header.get("extended"))
-            floor = clock_floor(window)
-            for r in range(self.world):
-                if ns[r] < floor:
-                    bounded = True
-                times[r][it - perf.warmup] = max(ns[r], floor) / 1e3
-            self.send(host, {"sample_seed": self.seed("sample", size, it), "input_seed": self.seed("sample-in", size, it)})
+            for r in range(self.world):  # each rank's one call, bounded by the window around all of them
+                (t,), raised = self.bounded_times("the device host", ns[r:r + 1], 1, window, case.name)
+                bounded = bounded or raised
+                times[r][it - perf.warmup] = t / 1e3
+            self.send(host, self.sample_ask(size, it))
             for r, handed in enumerate(self.split(self.gather([0], "samples", case.name)[0], case.name)):
                 samples.append((it, r, handed))
         t1 = time.monotonic()
