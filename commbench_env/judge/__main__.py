@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if conn is not None:
         out = server.forward(conn, token, sys.stdin.buffer.read(), a.timeout)
     else:  # cold: the spawner is forked before the request is read
-        out = server.run_cold(sys.stdin.buffer.read)
+        out = server.run_isolated(sys.stdin.buffer.read, preload=True)
     server.emit(out)
     return 0
 

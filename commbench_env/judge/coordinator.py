@@ -23,7 +23,8 @@ from ..cards import CaseSpec, TaskCard, bus_share_of_copy, busbw_factor
 from ..golden import get_op
 from ..golden.base import GoldenOp
 from ..golden.compare import compare_tensor
-from .protocol import ProtocolError, Reader, decode_tensors, derive_seed, pack, sample_positions, sample_together
+from .protocol import (ProtocolError, Reader, decode_tensors, derive_seed, pack, sample_positions, sample_together,
+                       split_inputs)
 from .request import JudgeRequest
 from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, Roofline,
                      SizeResult, Timings, Verdict, Violation, kernel_bandwidth)
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 IMPLAUSIBLE_ROOFLINE_PCT = 300.0  # honest references peak near 105 % of the roofline the judge measures
 IMPLAUSIBLE_MIN_BYTES = 1 << 20  # below this, latency dominates and no roofline applies
-INPUT_PREFIX = "input:"  # how a rank hands back the read-only inputs it was shown, beside its outputs
 # What the GPU start line (syncs, the L2 reset, about 3 ms of warm-up, the device host's gate and threads) and the
 # messages around the timed calls may take beyond the calls themselves. A rank's own timings may not claim less
 # than GPU_BOUND_SHARE of the coordinator's window beyond this slack: a bound against forged figures, loose enough
@@ -377,8 +377,7 @@ class Evaluation:
             tensors = decode_tensors(msg[0].get("outputs"), msg[1])
         except ProtocolError as exc:
             raise RankFailure.protocol(f"rank {r}", exc, case) from None
-        shown = {k[len(INPUT_PREFIX):]: v for k, v in tensors.items() if k.startswith(INPUT_PREFIX)}
-        return {k: v for k, v in tensors.items() if not k.startswith(INPUT_PREFIX)}, shown
+        return split_inputs(tensors)
 
     def start_line(self, case: str | None) -> list[int]:
         """Wait until every rank has staged its inputs, then release them; returns each rank's release time (ns)."""

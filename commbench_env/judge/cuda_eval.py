@@ -18,7 +18,7 @@ from typing import Any
 
 from ..cards import CaseSpec
 from .coordinator import Evaluation, RankFailure, RankProc
-from .protocol import Channel, ProtocolError, decode_tensors
+from .protocol import Channel, ProtocolError, decode_tensors, split_inputs
 from .result import (CaseResult, Mismatch, RankProfile, SanitizerReport, SizeResult, Verdict,
                      kernel_bandwidth)
 
@@ -69,11 +69,7 @@ class DeviceHostEvaluation(Evaluation):
             per = _split(flat, self.world)
         except (ProtocolError, ValueError, IndexError) as exc:
             raise RankFailure.protocol("the device host", exc, case) from None
-        out = []
-        for d in per:
-            shown = {k[len("input:"):]: v for k, v in d.items() if k.startswith("input:")}
-            out.append(({k: v for k, v in d.items() if not k.startswith("input:")}, shown))
-        return out
+        return [split_inputs(d) for d in per]
 
     def absorb(self, r: int, msg: tuple[dict, bytes], expect: str, case: str | None) -> None:
         if msg[0].get("type") == "hung":

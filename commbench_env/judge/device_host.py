@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from . import isolate
 from .confine import confine
 from .device import WarmUp, cudart_library, reset_persisting_l2, sleep_cycles, work_outlived_call
-from .protocol import Channel, encode_tensors, sample_outputs, sample_together
+from .protocol import INPUT_PREFIX, Channel, encode_tensors, sample_outputs, sample_together
 from .staging import in_batches
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
@@ -151,6 +151,8 @@ class DeviceHost:
                 self.warm_ups[d] = WarmUp(torch, torch.device("cuda", d))
         self.fallback_cycles = sleep_cycles(torch, self.distinct[0], 2e-3)
         self.library_path = library
+        self.rank_libraries: list[str] = []  # copies_for_ranks: one copy of the library per rank
+        self.text_symbols: list[int] = []
         self.epoch = 0
         self.extended: list[int] = []  # ranks of the last call whose clock ran on to a device sync
         # COMMBENCH_TIMING_TRACE=FILE appends one JSON line per timed call (times, sync waits): for diagnosis
@@ -235,7 +237,6 @@ class DeviceHost:
         (as in `cuda` mode, where each GPU has its own). Otherwise a rank's host code could read a peer's private
         buffer pointers from a static the peer wrote, or ranks could meet in a device global instead of the
         buffers the card gives them. Made before the process is confined; loaded only after."""
-        self.rank_libraries = []
         for r in range(self.world):
             dst = rdir / f"candidate-rank{r}.so"
             shutil.copyfile(self.library_path, dst)
@@ -261,7 +262,7 @@ class DeviceHost:
     def load(self) -> None:
         entry = self.card["entry"]["functions"][0]
         self.rank_fns = []
-        for r, path in enumerate(getattr(self, "rank_libraries", None) or [self.library_path] * self.world):
+        for r, path in enumerate(self.rank_libraries or [self.library_path] * self.world):
             lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
             self.torch.cuda.set_device(self.devices[r])  # a module loads into the current device's context
             self._load_modules(path)
@@ -484,9 +485,9 @@ class DeviceHost:
         for r, b in enumerate(bufs):
             shown = self.op.candidate_inputs(b["inputs"])
             if sample_seed is None:
-                flat.update({f"{r}/input:{k}": v.detach().cpu() for k, v in shown.items()})
+                flat.update({f"{r}/{INPUT_PREFIX}{k}": v.detach().cpu() for k, v in shown.items()})
             else:
-                flat.update(sample_together(shown, sample_seed, prefix=f"{r}/input:"))
+                flat.update(sample_together(shown, sample_seed, prefix=f"{r}/{INPUT_PREFIX}"))
         return flat
 
     # -- commands ------------------------------------------------------------------------------------

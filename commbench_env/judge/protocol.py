@@ -10,6 +10,8 @@ from typing import Any
 
 _LEN = struct.Struct("!III")  # sequence number, header length, blob length
 SAMPLES_PER_OUTPUT = 256  # positions of each timed call's output that the ranks send back for verification
+# How a rank (or the device host, after `r/`) hands back the read-only inputs a call was shown, beside its outputs.
+INPUT_PREFIX = "input:"
 MAX_HEADER = 16 << 20
 MAX_BLOB = 1 << 31
 
@@ -40,8 +42,8 @@ def _parse_header(raw: bytes) -> dict[str, Any]:
     return header
 
 
-def _check_lengths(hlen: int, blen: int, max_blob: int) -> None:
-    if hlen > MAX_HEADER or blen > max_blob:
+def _check_lengths(hlen: int, blen: int) -> None:
+    if hlen > MAX_HEADER or blen > MAX_BLOB:
         raise ProtocolError(f"frame of {hlen} + {blen} bytes is over the limit")
 
 
@@ -62,7 +64,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 def recv_header(sock: socket.socket, seq: int | None = None) -> tuple[dict[str, Any], int]:
     """Read a frame's header; returns it with the length of the blob still to be read (`recv_blob`)."""
     got, hlen, blen = _LEN.unpack(_recv_exact(sock, _LEN.size))
-    _check_lengths(hlen, blen, MAX_BLOB)
+    _check_lengths(hlen, blen)
     if seq is not None and got != seq & 0xFFFF_FFFF:
         raise ProtocolError(f"frame {got} arrived where frame {seq} was due")
     return _parse_header(_recv_exact(sock, hlen)), blen
@@ -93,19 +95,15 @@ class Channel:
         self.received += 1
         return msg
 
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
 
 class Reader:
     """Incremental decoder for a non-blocking socket (the coordinator reads many ranks at once). Frames must come in
-    sequence and within `max_blob`; anything else raises ProtocolError."""
+    sequence and within the length limits; anything else raises ProtocolError."""
 
-    def __init__(self, max_blob: int = MAX_BLOB) -> None:
+    def __init__(self) -> None:
         self.buf = bytearray()
         self.eof = False
         self.expect = 0
-        self.max_blob = max_blob
 
     def feed(self, data: bytes) -> None:
         if not data:
@@ -122,7 +120,7 @@ class Reader:
         if len(self.buf) < _LEN.size:
             return None
         seq, hlen, blen = _LEN.unpack_from(self.buf)
-        _check_lengths(hlen, blen, self.max_blob)
+        _check_lengths(hlen, blen)
         if seq != self.expect & 0xFFFF_FFFF:
             raise ProtocolError(f"frame {seq} arrived where frame {self.expect} was due")
         end = _LEN.size + hlen + blen
@@ -159,6 +157,12 @@ def sample_outputs(outputs: dict[str, Any], sample_seed: int, prefix: str = "") 
         sampled[prefix + name] = flat[idx.to(flat.device)].cpu()
         sampled[prefix + name + "#numel"] = torch.tensor([flat.numel()])
     return sampled
+
+
+def split_inputs(tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A message's tensors as (outputs, the read-only inputs handed back, without their prefix)."""
+    shown = {k[len(INPUT_PREFIX):]: v for k, v in tensors.items() if k.startswith(INPUT_PREFIX)}
+    return {k: v for k, v in tensors.items() if not k.startswith(INPUT_PREFIX)}, shown
 
 
 def sample_together(tensors: dict[str, Any], sample_seed: int, prefix: str = "") -> dict[str, Any]:

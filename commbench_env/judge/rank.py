@@ -18,7 +18,7 @@ from .candidate_thread import CandidateRaised, candidate_traceback
 from .confine import confine
 from .device import RankDevice
 from .guard import CommProfiler, Guard, install_audit_hook, install_tripwires
-from .protocol import Channel, encode_tensors, sample_outputs, sample_together
+from .protocol import INPUT_PREFIX, Channel, encode_tensors, sample_outputs, sample_together
 from .rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P, expand_forbidden
 
 
@@ -234,7 +234,7 @@ class RankHarness:
         self.send({"type": "staged"})
         self.recv()  # the coordinator's start line: every rank is staged
         out, _, cand_inputs = self._invoke(case, inputs)
-        shown = {"input:" + k: v for k, v in self._read_only_inputs(inputs, cand_inputs).items()}
+        shown = {INPUT_PREFIX + k: v for k, v in self._read_only_inputs(inputs, cand_inputs).items()}
         meta, blob = encode_tensors({**out, **shown})
         self.send({"type": "result", "outputs": meta, "violations": self.guard.violations}, blob)
 
@@ -286,10 +286,10 @@ class RankHarness:
         drawn only after they exist."""
         ask = self.recv()
         if full:
-            tensors = {**out, **{"input:" + k: v for k, v in inputs.items()}}
+            tensors = {**out, **{INPUT_PREFIX + k: v for k, v in inputs.items()}}
         else:
             tensors = {**sample_outputs(out, ask["sample_seed"]),
-                       **sample_together(inputs, ask["input_seed"], prefix="input:")}
+                       **sample_together(inputs, ask["input_seed"], prefix=INPUT_PREFIX)}
         meta, blob = encode_tensors(tensors)
         self.send({"type": "samples", "it": it, "outputs": meta, "violations": self.guard.violations}, blob)
 

@@ -65,11 +65,12 @@ def handle_request(raw: bytes, spawner: "Spawner") -> str:
     return evaluate(req, spawner).model_dump_json()
 
 
-def run_cold(read_request: "Callable[[], bytes]") -> str:
-    """Evaluate in this process without a server: the spawner first, then the request."""
+def run_isolated(read_request: "Callable[[], bytes]", preload: bool = False) -> str:
+    """Evaluate in this process: fork the secretless spawner first, only then read the request (which holds the
+    secret). `preload`: the spawner imports what ranks need at its first spawn (no warm server did)."""
     from .spawner import Spawner
 
-    spawner = Spawner(preload=True)  # imports what ranks need at its first spawn, not before
+    spawner = Spawner(preload=preload)
     try:
         return handle_request(read_request(), spawner)
     finally:
@@ -82,18 +83,11 @@ def _peer_uid(conn: socket.socket) -> int:
 
 
 def _evaluate_connection(conn: socket.socket, blen: int) -> None:
-    """In the forked coordinator: spawner first, then the request body, then the evaluation."""
-    from .spawner import Spawner
-
-    spawner = Spawner()
-    try:
-        conn.settimeout(30)
-        raw = recv_blob(conn, blen)
-        out = handle_request(raw, spawner)
-        conn.settimeout(None)
-        send_msg(conn, {"ok": True}, out.encode())
-    finally:
-        spawner.close()
+    """In the forked coordinator: the evaluation of the request body that follows on `conn`."""
+    conn.settimeout(30)
+    out = run_isolated(lambda: recv_blob(conn, blen))
+    conn.settimeout(None)
+    send_msg(conn, {"ok": True}, out.encode())
 
 
 def serve(socket_path: str, owner_pid: int, idle_timeout: float, token: str, ready_fd: int | None = None) -> None:

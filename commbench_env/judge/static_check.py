@@ -22,8 +22,9 @@ class StaticReport:
 
 
 class _Checker(ast.NodeVisitor):
-    def __init__(self, forbidden: set[str], forbidden_attrs: set[str], allowed_imports: set[str]):
-        self.docstrings: set[int] = set()  # ids of docstring constants, set by check_source
+    def __init__(self, forbidden: set[str], forbidden_attrs: set[str], allowed_imports: set[str],
+                 docstrings: set[int] = frozenset()):
+        self.docstrings = docstrings  # ids of the docstring constants (free text, not checked as names)
         self.forbidden = forbidden
         self.forbidden_attrs = forbidden_attrs - AMBIGUOUS_METHODS  # those are left to the run-time tripwire
         self.allowed = allowed_imports
@@ -173,8 +174,7 @@ def check_source(source: str, filename: str, forbidden: set[str], forbidden_attr
         log = f"{where}\n    {text}\n    {caret}\nSyntaxError: {exc.msg}" if text else f"{where}\nSyntaxError: {exc.msg}"
         return StaticReport(ok=False, log=log, syntax_error=True)
     allowed = set(ALLOWED_IMPORTS) | set(extra_imports or [])
-    checker = _Checker(forbidden, forbidden_attrs, allowed)
-    checker.docstrings = _docstrings(tree)
+    checker = _Checker(forbidden, forbidden_attrs, allowed, _docstrings(tree))
     checker.visit(tree)
     notes: list[str] = []
     for module, line in checker.imports:
