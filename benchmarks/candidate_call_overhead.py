@@ -1,6 +1,6 @@
 """What running candidate code on its own thread costs, measured side by side in one run.
 
-Candidate calls run on a thread of their own (commbench_env/judge/candidate_thread.py), so each call costs two
+Candidate calls run on a thread of their own (commbench_env/judge/candidate/candidate_thread.py), so each call costs two
 thread hand-offs; after the last call of a timed window (once its clock has stopped) the harness settles its
 namespaces (integrity.py). This prints,
 per call, a direct call against a call through the candidate thread (with and without settling), for an empty job
@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from commbench_env.judge import candidate_thread, integrity
+from commbench_env.judge.candidate import candidate_thread, integrity
 
 
 def per_call_us(fn: Callable[[], Any], calls: int, repeats: int = 5) -> float:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from commbench_env.cards import load_task
-from commbench_env.judge.cuda_build import HEADER_DIR, build, nvcc_version
+from commbench_env.judge.coordinator.cuda_build import HEADER_DIR, build, nvcc_version
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from commbench_env.cards import load_task
-from commbench_env.judge.client import JudgeClient
+from commbench_env.judge.host.client import JudgeClient
 from commbench_env.reward import compute_reward
 from commbench_env.sandbox import load_profile, open_sandbox
 

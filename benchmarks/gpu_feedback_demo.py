@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from commbench_env.cards import load_task
-from commbench_env.judge.client import JudgeClient
-from commbench_env.judge.result import JudgeResult, Verdict
+from commbench_env.judge.host.client import JudgeClient
+from commbench_env.judge.host.result import JudgeResult, Verdict
 from commbench_env.sandbox import open_sandbox
 
 # the broken kernels live beside the tests that build them

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from commbench_env.cards import select_tasks
 from commbench_env.errors import CommBenchError
-from commbench_env.judge.client import JudgeClient
+from commbench_env.judge.host.client import JudgeClient
 from commbench_env.sandbox import load_profile, open_sandbox
 
 PROFILES = {"cuda": "local-gpu", "cuda-shared": "local-gpu-shared"}

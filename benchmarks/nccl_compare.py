@@ -37,7 +37,7 @@ import torch.multiprocessing as mp
 
 from commbench_env.cards import Task, TaskCard, busbw_factor, select_tasks
 from commbench_env.golden import get_op
-from commbench_env.judge.client import JudgeClient
+from commbench_env.judge.host.client import JudgeClient
 from commbench_env.sandbox import open_sandbox
 
 # op -> (nccl-tests binary, golden op, entry function, submission body, in-place run?)

@@ -16,7 +16,7 @@ import statistics
 
 from commbench_env.cards import load_task
 from commbench_env.errors import JudgeInfraError
-from commbench_env.judge.client import JudgeClient
+from commbench_env.judge.host.client import JudgeClient
 from commbench_env.reference import reference_figures
 from commbench_env.reward import compute_reward
 from commbench_env.sandbox import load_profile, open_sandbox

@@ -37,7 +37,7 @@ import commbench_env  # noqa: F401
 from commbench_env.agents import load_agent
 from commbench_env.cards import load_task, select_tasks
 from commbench_env.evaluation import run_eval
-from commbench_env.judge.client import JudgeClient
+from commbench_env.judge.host.client import JudgeClient
 from commbench_env.pool import SandboxPool
 from commbench_env.reference import reference_figures
 from commbench_env.rollouts import EpisodePool, EpisodeRequest

@@ -7,7 +7,7 @@ ways on the same GPUs, in one run, so the gap and its cause can be read off side
 - `back-to-back`: N calls between two CUDA events, divided by N (the nccl-tests way);
 - `per call`: one call between two events after the judge's start line (a 200 us GPU sleep that lets the host
   queue the launch), with the device idle for `--idle-ms` before each call (as between the judge's iterations),
-  or not idle, or idle and then the judge's warm-up (`commbench_env.judge.device.WarmUp`, about 3 ms of
+  or not idle, or idle and then the judge's warm-up (`commbench_env.judge.candidate.device.WarmUp`, about 3 ms of
   memory-bound work) queued before the start line, which is how the judge times every call.
 
 It runs a device-to-device copy on GPU 0 and, with two or more GPUs, an NCCL all-reduce over all of them
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from commbench_env.judge.device import WarmUp, sleep_cycles
+from commbench_env.judge.candidate.device import WarmUp, sleep_cycles
 
 SLACK_S = 200e-6
 VARIANTS = ("back-to-back", "per call, idle", "per call, not idle", "per call, idle, judge warm-up first")

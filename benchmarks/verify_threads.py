@@ -23,8 +23,9 @@ import torch
 
 from commbench_env.cards import load_task
 from commbench_env.golden.base import GoldenOp
-from commbench_env.judge import coordinator, staging
-from commbench_env.judge.request import JudgeRequest
+from commbench_env.judge.coordinator import evaluation as coordinator
+from commbench_env.judge import staging
+from commbench_env.judge.host.request import JudgeRequest
 
 
 def main() -> None:

@@ -155,7 +155,7 @@ class CudaSpec(StrictModel):
     links: list[str] = Field(default_factory=list, description="libraries the candidate may link (nccl, nvshmem, ...); "
                              "each also allows its own symbols (nccl*, nvshmem*, ...)")
     allow_symbols: list[str] = Field(default_factory=list, description="symbols the library may import beyond the "
-                                     "judge's default allowlist (judge/cuda_build.py): exact names, or `prefix*`")
+                                     "judge's default allowlist (judge/coordinator/cuda_build.py): exact names, or `prefix*`")
     nvcc_flags: list[str] = Field(default_factory=list)
     input: str = Field(default="x", description="the op input placed in cb_args.in")
     output: str = Field(default="y", description="the op output read from cb_args.out")
@@ -320,7 +320,7 @@ class Task:
         if p.gpu_sizes:
             lines.append(f"- on GPUs the sizes are {', '.join(_fmt_bytes(s) for s in p.gpu_sizes)}.")
         if c.language == Language.cuda:
-            from .judge.cuda_build import HEADER_DIR
+            from .judge.coordinator.cuda_build import HEADER_DIR
 
             lines += ["", "## commbench.h (the calling convention)", "```c",
                       (HEADER_DIR / "commbench.h").read_text().rstrip(), "```"]

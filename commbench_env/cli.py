@@ -84,8 +84,8 @@ def judge_cmd(task: str = typer.Argument(..., help="task id"),
               as_json: bool = typer.Option(False, "--json", help="print the whole JudgeResult as JSON")) -> None:
     """Judge one file once and print the feedback (or the JudgeResult)."""
     from .cards import load_task
-    from .judge.client import JudgeClient
-    from .judge.result import MODES
+    from .judge.host.client import JudgeClient
+    from .judge.host.result import MODES
     from .sandbox import open_sandbox
 
     if mode not in MODES:
@@ -292,7 +292,7 @@ def validate_cmd(tasks: str = typer.Option("all", help="task selector"),
                  mode: str = typer.Option("check", help="check | full")) -> None:
     """Load every card and run every reference through the judge: all must pass."""
     from .cards import select_tasks
-    from .judge.client import JudgeClient
+    from .judge.host.client import JudgeClient
     from .sandbox import open_sandbox
 
     from .sandbox import load_profile

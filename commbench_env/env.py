@@ -23,8 +23,8 @@ from .actions import ACTION_HELP, MAX_SOURCE_CHARS, TOOL_TO_MODE, TOOLS, ParseEr
 from .cards import Task, load_task, select_tasks
 from .config import StrictModel
 from .errors import CardError, SandboxError
-from .judge.client import JudgeClient
-from .judge.result import JudgeResult, SizeResult
+from .judge.host.client import JudgeClient
+from .judge.host.result import JudgeResult, SizeResult
 from .paths import cache_dir
 from .reference import reference_figures
 from .reward import RewardBreakdown, RewardConfig, TurnCredit, TurnRewardConfig, compute_reward

@@ -27,8 +27,8 @@ from typing import Literal
 
 from .config import StrictModel
 from .errors import SandboxError
-from .judge.client import JudgeClient
-from .judge.result import JudgeResult, Verdict
+from .judge.host.client import JudgeClient
+from .judge.host.result import JudgeResult, Verdict
 from .sandbox import HardwareInfo, Sandbox, SandboxProfile, load_profile, open_sandbox
 from .sandbox.gpus import GpuLease, GpuTopology
 from .sandbox.ports import PortLease

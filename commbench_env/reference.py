@@ -7,8 +7,8 @@ from pathlib import Path
 
 from .cards import Task
 from .errors import JudgeInfraError
-from .judge.client import JudgeClient
-from .judge.result import SizeResult, Verdict
+from .judge.host.client import JudgeClient
+from .judge.host.result import SizeResult, Verdict
 from .reward import scored
 from .paths import cache_dir
 from .sandbox import open_sandbox

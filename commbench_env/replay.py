@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .actions import TOOL_TO_MODE
 from .cards import load_task
-from .judge.client import JudgeClient
+from .judge.host.client import JudgeClient
 from .sandbox import open_sandbox
 from .trace import read_trace
 

@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import Field
 
 from .config import StrictModel
-from .judge.result import JudgeResult, SizeResult, Verdict
+from .judge.host.result import JudgeResult, SizeResult, Verdict
 
 Band = Literal["better", "on_par", "degraded", "severely_degraded"]
 

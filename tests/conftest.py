@@ -10,8 +10,8 @@ import pytest
 os.environ.setdefault("COMMBENCH_CACHE", str(Path(__file__).parent.parent / ".commbench" / "test-cache"))
 
 from commbench_env.cards import Task, load_task  # noqa: E402
-from commbench_env.judge.client import JudgeClient  # noqa: E402
-from commbench_env.judge.result import JudgeResult  # noqa: E402
+from commbench_env.judge.host.client import JudgeClient  # noqa: E402
+from commbench_env.judge.host.result import JudgeResult  # noqa: E402
 from commbench_env.sandbox import open_sandbox  # noqa: E402
 
 TESTS = Path(__file__).parent

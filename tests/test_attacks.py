@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench_env.judge.result import Verdict
+from commbench_env.judge.host.result import Verdict
 from commbench_env.reward import compute_reward
 
 from .conftest import ATTACKS

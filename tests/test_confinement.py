@@ -1,4 +1,4 @@
-"""The kernel layers of a rank (judge/confine.py), tried with raw libc calls, which no audit hook or tripwire sees.
+"""The kernel layers of a rank (judge/candidate/confine.py), tried with raw libc calls, which no audit hook or tripwire sees.
 
 A fresh interpreter lays out a sandbox as the judge does (two rank folders of one evaluation), starts a peer
 process, confines itself as a rank does, and reports what each attempt returned. Native code in a rank can do
@@ -12,9 +12,12 @@ import subprocess
 import sys
 import textwrap
 
+from pathlib import Path
+
 import pytest
 
-from commbench_env.judge import landlock, seccomp_filter
+import commbench_env
+from commbench_env.judge.candidate import landlock, seccomp_filter
 from commbench_env.paths import tasks_dir
 
 SCRIPT = textwrap.dedent(r"""
@@ -33,7 +36,7 @@ SCRIPT = textwrap.dedent(r"""
         time.sleep(30)
         os._exit(0)
     os.chdir(ev / "rank1")
-    from commbench_env.judge.confine import confine
+    from commbench_env.judge.candidate.confine import confine
     class Cpu:
         is_cuda, backend = False, "gloo"
     iso = confine({"landlock": True}, Cpu())
@@ -58,6 +61,8 @@ SCRIPT = textwrap.dedent(r"""
         "peer_write": opened(str(ev / "rank0" / "x.bin"), W),
         "tmp_write": opened("/tmp/commbench-confine-escape", W),
         "library_read": opened(os.__file__),
+        "package_read": opened(sys.argv[2]),
+        "beside_package": opened(sys.argv[3]),
         "fork": "ok" if libc.fork() >= 0 else errno.errorcode[ctypes.get_errno()],
         "socket": "ok" if libc.socket(2, 1, 0) >= 0 else errno.errorcode[ctypes.get_errno()],
         "kill_peer": "ok" if libc.kill(peer, 0) == 0 else errno.errorcode[ctypes.get_errno()],
@@ -71,13 +76,19 @@ SCRIPT = textwrap.dedent(r"""
                     reason="needs Landlock and seccomp in this kernel")
 def test_a_confined_rank_reaches_only_its_own_folder_and_process():
     card = tasks_dir() / "collective" / "allreduce_ring" / "task.toml"
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(card)], capture_output=True, text=True, timeout=60)
+    golden = Path(commbench_env.__file__).parent / "golden" / "base.py"  # the package a rank runs on: readable
+    beside = Path(commbench_env.__file__).parent.parent / "pyproject.toml"  # the checkout (runs/, traces): not
+    if not beside.exists():
+        beside = card
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(card), str(golden), str(beside)], capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res.pop("iso")["seccomp"] is True
     assert res == {
         "peer_folder": "EACCES", "sandbox_root": "EACCES", "task_card": "EACCES", "peer_proc": "EACCES",
         "peer_proc_odd_path": "EACCES", "parent_proc": "EACCES", "own_proc": "ok", "own_write": "ok",
-        "peer_write": "EACCES", "tmp_write": "EACCES", "library_read": "ok", "fork": "EPERM", "socket": "EPERM",
+        "peer_write": "EACCES", "tmp_write": "EACCES", "library_read": "ok", "package_read": "ok",
+        "beside_package": "EACCES", "fork": "EPERM", "socket": "EPERM",
         "kill_peer": "EPERM",
     }

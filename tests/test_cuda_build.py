@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench_env.judge.cuda_build import build, nvcc_version, undefined_symbols
+from commbench_env.judge.coordinator.cuda_build import build, nvcc_version, undefined_symbols
 
 pytestmark = pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc is not installed")
 CUDA_MAJOR = (re.findall(r"cuda_(\d+)\.", nvcc_version()) or ["13"])[0]  # libcudart's soname version
@@ -117,7 +117,7 @@ def test_a_candidate_cannot_define_the_stream_constructors_itself(tmp_path):
 
 
 def test_nccl_allowed_when_the_card_links_it():
-    from commbench_env.judge.cuda_build import check_symbols
+    from commbench_env.judge.coordinator.cuda_build import check_symbols
 
     assert check_symbols(["ncclAllReduce", "cudaMemcpyAsync"], links=["nccl"]) == []
     assert check_symbols(["ncclAllReduce"], links=[])
@@ -133,8 +133,8 @@ def test_ptxas_lines_are_separated(tmp_path):
 def test_ctypes_mirror_of_cb_args_matches_the_header(tmp_path):
     """The device host fills `cb_args` through a ctypes mirror: a field out of place would hand every candidate
     wrong pointers. sizeof and offsetof as nvcc's host compiler lays the struct out (a host program: no GPU)."""
-    from commbench_env.judge.cuda_build import HEADER_DIR
-    from commbench_env.judge.device_host import CbArgs
+    from commbench_env.judge.coordinator.cuda_build import HEADER_DIR
+    from commbench_env.judge.candidate.device_host import CbArgs
 
     names = [name for name, _ in CbArgs._fields_]
     prints = "".join(f'  printf("%zu\\n", offsetof(cb_args, {"in" if n == "in_" else n}));\n' for n in names)

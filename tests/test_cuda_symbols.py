@@ -1,4 +1,4 @@
-"""What a `cuda` candidate library may import: an allowlist (judge/cuda_build.py), checked on real nvcc builds.
+"""What a `cuda` candidate library may import: an allowlist (judge/coordinator/cuda_build.py), checked on real nvcc builds.
 
 Every task reference and starter builds with no `forbidden_symbol`; every attack in tests/attacks/cuda/symbols/
 (`EXPECT: forbidden_symbol NAME ...`) is refused for each NAME; all of them went through the old blocklist. They
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from commbench_env.cards import CudaSpec, load_all_tasks
-from commbench_env.judge import cuda_build
-from commbench_env.judge.cuda_build import build, check_symbols, undefined_symbols
+from commbench_env.judge.coordinator import cuda_build
+from commbench_env.judge.coordinator.cuda_build import build, check_symbols, undefined_symbols
 from commbench_env.paths import cache_dir
 
 from .conftest import ATTACKS

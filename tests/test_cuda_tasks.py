@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from commbench_env.cards import load_all_tasks
-from commbench_env.judge.result import Verdict
+from commbench_env.judge.host.result import Verdict
 
 from .faulty_cuda import FAULTS
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from commbench_env.cards import load_task
-from commbench_env.judge.client import JudgeClient
-from commbench_env.judge.result import Verdict
+from commbench_env.judge.host.client import JudgeClient
+from commbench_env.judge.host.result import Verdict
 from commbench_env.sandbox import load_profile, open_sandbox
 from commbench_env.sandbox.docker_backend import LABEL, container_config, docker_client, prune
 from commbench_env.sandbox.gpus import GpuLease

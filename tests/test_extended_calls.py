@@ -4,7 +4,7 @@ which needs a GPU (benchmarks/gpu_stream_checks.py and reward_stability.py print
 
 from __future__ import annotations
 
-from commbench_env.judge.result import JudgeResult, SizeResult, Verdict
+from commbench_env.judge.host.result import JudgeResult, SizeResult, Verdict
 
 
 def _size(size: int, extended: int) -> SizeResult:
@@ -35,7 +35,7 @@ def test_results_from_before_the_count_load_as_zero():
 
 
 def test_the_hidden_work_rule_allows_for_host_noise_but_caps_it():
-    from commbench_env.judge.device import HIDDEN_WORK_NS, HOST_NOISE_CAP_NS, work_outlived_call
+    from commbench_env.judge.candidate.device import HIDDEN_WORK_NS, HOST_NOISE_CAP_NS, work_outlived_call
 
     assert not work_outlived_call(HIDDEN_WORK_NS, 0)
     assert work_outlived_call(HIDDEN_WORK_NS + 1, 0)
@@ -66,7 +66,7 @@ class _Timeline:
 def _rank_device(line: _Timeline, idle_sync_ns: int):
     from types import SimpleNamespace
 
-    from commbench_env.judge.device import RankDevice
+    from commbench_env.judge.candidate.device import RankDevice
 
     dev = object.__new__(RankDevice)
     dev.device = SimpleNamespace(type="cuda")

@@ -163,7 +163,7 @@ def test_peer_histogram_rejects_bad_cases():
 
 # ---- the judge's private peer buffers --------------------------------------------------------------------------
 def _cb_args_for(task_id: str, world: int = 2):
-    from commbench_env.judge.device_host import DeviceHost
+    from commbench_env.judge.candidate.device_host import DeviceHost
 
     card = load_task(task_id).card
     host = DeviceHost.__new__(DeviceHost)  # no GPU here: only the argument packing is exercised

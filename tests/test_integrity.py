@@ -8,7 +8,7 @@ import time
 import torch
 
 import commbench_env.judge.protocol as protocol
-from commbench_env.judge import integrity
+from commbench_env.judge.candidate import integrity
 
 
 class _HostileKey:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from commbench_env.cards import busbw_factor, load_task
-from commbench_env.judge.result import Verdict
+from commbench_env.judge.host.result import Verdict
 
 TASK = "collective/allreduce_ring"
 

@@ -6,8 +6,8 @@ written by hand, as `kernel_table.kernel_records` reads them from `torch.profile
 
 from __future__ import annotations
 
-from commbench_env.judge.kernel_table import MARKER, KernelRecord, rank_streams, table, tables_by_rank
-from commbench_env.judge.result import JudgeResult, RankProfile, Verdict
+from commbench_env.judge.candidate.kernel_table import MARKER, KernelRecord, rank_streams, table, tables_by_rank
+from commbench_env.judge.host.result import JudgeResult, RankProfile, Verdict
 
 # cuda-shared, world 3: every rank on GPU 0, rank streams 13, 14, 15 (CUPTI's ids are not in rank order)
 SHARED = [KernelRecord(MARKER, 0, 14, start_us=1.0, us=20.0, order=101),  # rank 1: two units

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from commbench_env.judge.cuda_eval import (
+from commbench_env.judge.coordinator.cuda_eval import (
     DeviceHostEvaluation,
     kernel_base_name,
     summarise_ncu,
 )
-from commbench_env.judge.result import JudgeResult, SanitizerReport, Verdict
+from commbench_env.judge.host.result import JudgeResult, SanitizerReport, Verdict
 
 
 @pytest.mark.parametrize("profiler_name,base", [
@@ -64,7 +64,7 @@ def test_feedback_shows_the_ncu_summary():
 
 
 def test_kernel_rows_get_the_bandwidth_of_the_ops_bytes():
-    from commbench_env.judge.result import RankProfile, kernel_bandwidth
+    from commbench_env.judge.host.result import RankProfile, kernel_bandwidth
 
     rows = [{"name": "[gpu] ncclDevKernel_AllReduce", "kind": "comm", "calls": 2, "total_us": 200.0, "mean_us": 100.0},
             {"name": "aten::add_", "kind": "compute", "calls": 1, "total_us": 5.0, "mean_us": 5.0}]
@@ -80,7 +80,7 @@ def test_kernel_rows_get_the_bandwidth_of_the_ops_bytes():
 
 def test_cuda_profile_says_its_kernel_table_holds_every_rank():
     """CUDA ranks share one process: the one kernel table is shown with rank 0 and says so."""
-    from commbench_env.judge.result import RankProfile
+    from commbench_env.judge.host.result import RankProfile
 
     rows = [{"name": "pull_kernel", "kind": "compute", "calls": 2, "total_us": 20.0, "mean_us": 10.0}]
     profile = [RankProfile(rank=0, case="v", wall_us=105, comm_us=0, compute_us=105, rows=rows, rows_of_all_ranks=True),

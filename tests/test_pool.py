@@ -21,7 +21,7 @@ import pytest
 from commbench_env.cards import load_task
 from commbench_env.env import CommBenchEnv
 from commbench_env.errors import SandboxError
-from commbench_env.judge.result import JudgeResult, RankStatus, Verdict
+from commbench_env.judge.host.result import JudgeResult, RankStatus, Verdict
 from commbench_env.pool import SandboxPool, recycle_reason
 from commbench_env.rollouts import EpisodePool, EpisodeRequest
 from commbench_env.sandbox import load_profile

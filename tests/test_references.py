@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from commbench_env.cards import load_all_tasks
-from commbench_env.judge.result import Verdict
+from commbench_env.judge.host.result import Verdict
 
 from .conftest import SUBMISSIONS
 

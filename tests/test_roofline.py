@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commbench_env.judge import roofline
-from commbench_env.judge.result import JudgeResult, Roofline, SizeResult, Verdict
+from commbench_env.judge.candidate import roofline
+from commbench_env.judge.host.result import JudgeResult, Roofline, SizeResult, Verdict
 from commbench_env.viewer.data import episode_view
 
 
@@ -76,8 +76,8 @@ def _percent_at_64mib(task_id: str, world: int, roof: Roofline) -> SizeResult:
     import secrets
 
     from commbench_env.cards import load_task
-    from commbench_env.judge.coordinator import Evaluation
-    from commbench_env.judge.request import JudgeRequest
+    from commbench_env.judge.coordinator.evaluation import Evaluation
+    from commbench_env.judge.host.request import JudgeRequest
 
     task = load_task(task_id)
     ev = Evaluation(JudgeRequest(task=task.judge_spec(), mode="benchmark", world_size=world,

@@ -10,8 +10,8 @@ import torch
 
 from commbench_env.cards import load_task
 from commbench_env.golden.base import GoldenOp
-from commbench_env.judge import coordinator
-from commbench_env.judge.request import JudgeRequest
+from commbench_env.judge.coordinator import evaluation as coordinator
+from commbench_env.judge.host.request import JudgeRequest
 
 # task -> whether the sampled values are bit-identical (same sums in the same order) or only equal to rounding
 # (a matmul's dot products in another order: the float64 sums may differ in their last bit before narrowing)

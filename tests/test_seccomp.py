@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commbench_env.judge import seccomp_filter
+from commbench_env.judge.candidate import seccomp_filter
 
 pytestmark = pytest.mark.skipif(seccomp_filter.available() is not None,
                                 reason=f"seccomp unavailable: {seccomp_filter.available()}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from commbench_env.judge.rules import expand_forbidden
-from commbench_env.judge.static_check import check_source
+from commbench_env.judge.coordinator.static_check import check_source
 
 FORBIDDEN, ATTRS = expand_forbidden(["@collectives"])
 

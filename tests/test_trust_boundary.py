@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from commbench_env.judge.result import Verdict
+from commbench_env.judge.host.result import Verdict
 from commbench_env.reward import compute_reward
 
 from .conftest import ATTACKS
@@ -109,7 +109,7 @@ def test_a_package_left_in_the_sandbox_is_never_imported_by_the_judge():
     """Judge entry points run isolated (python -I): a `torch.py` or `commbench_env/` planted in the sandbox's start
     folder is not imported by the next evaluation, cold or warm."""
     from commbench_env.cards import load_task
-    from commbench_env.judge.client import JudgeClient
+    from commbench_env.judge.host.client import JudgeClient
     from commbench_env.sandbox import load_profile, open_sandbox
 
     task = load_task(TASK)

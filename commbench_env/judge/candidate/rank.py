@@ -18,8 +18,8 @@ from .candidate_thread import CandidateRaised, candidate_traceback
 from .confine import confine
 from .device import RankDevice
 from .guard import CommProfiler, Guard, install_audit_hook, install_tripwires
-from .protocol import INPUT_PREFIX, Channel, encode_tensors, sample_outputs, sample_together
-from .rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P, expand_forbidden
+from ..protocol import INPUT_PREFIX, Channel, encode_tensors, sample_outputs, sample_together
+from ..rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P, expand_forbidden
 
 
 
@@ -94,7 +94,7 @@ class RankHarness:
         import torch
         import torch.distributed as dist
 
-        from ..golden import get_op
+        from ...golden import get_op
 
         self.torch, self.dist = torch, dist
         self.clock = time.perf_counter_ns
@@ -187,7 +187,7 @@ class RankHarness:
             self.settle()
 
     def _case(self, d: dict[str, Any]):
-        from ..cards import CaseSpec
+        from ...cards import CaseSpec
 
         return self.bury(CaseSpec.model_validate(d))
 

@@ -16,7 +16,7 @@ import time
 import types
 from typing import Any, Callable
 
-from .rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P, STATIC_ONLY
+from ..rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P, STATIC_ONLY
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 

@@ -9,7 +9,7 @@ then forks each rank (or the CUDA device host) on the coordinator's demand, with
 Ranks are forked through an intermediate that exits at once, so they are re-parented to the coordinator, which is a
 child subreaper: it reaps them, reads their exit status, and when it dies they get SIGKILL (a parent-death signal
 set once the re-parenting is seen). Nothing a rank started can outlive it: the rank's seccomp filter forbids
-process creation (judge/seccomp_filter.py).
+process creation (judge/candidate/seccomp_filter.py).
 """
 
 from __future__ import annotations
@@ -169,11 +169,11 @@ def _child_main(req: dict[str, Any], fd: int, coordinator: int) -> NoReturn:
     channel = socket.socket(fileno=fd)
     workdir = Path(req["workdir"])
     if req["kind"] == "rank":
-        from .rank import rank_main
+        from ..candidate.rank import rank_main
 
         rank_main(int(req["rank"]), int(req["world"]), channel, req["spec"], workdir)
     if req["kind"] == "device_host":
-        from .device_host import device_host_main
+        from ..candidate.device_host import device_host_main
 
         device_host_main(int(req["world"]), channel, req["spec"], workdir, req["library"])
     os._exit(5)

@@ -2,7 +2,7 @@
 
 It never runs candidate code and never reads a request's body (the secret and hidden cases): it reads only a
 frame's header, checks the client (same uid, over SO_PEERCRED, and the token the host gave it at start), and forks
-a coordinator, which forks its secretless spawner before it reads the body (judge/spawner.py). So nothing leaks
+a coordinator, which forks its secretless spawner before it reads the body (judge/coordinator/spawner.py). So nothing leaks
 from one evaluation into the next, and no candidate process ever starts from memory that held a secret. It exits
 when its socket file disappears (the sandbox was closed), when its owner process dies, or after an idle timeout.
 """
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .protocol import ProtocolError, recv_blob, recv_header, recv_msg, send_msg
+from ..protocol import ProtocolError, recv_blob, recv_header, recv_msg, send_msg
 
 if TYPE_CHECKING:
     from .spawner import Spawner
@@ -33,8 +33,9 @@ def preload() -> None:
     import torch.distributed  # noqa: F401
     import torch.profiler  # noqa: F401
 
-    from .. import cards, golden  # noqa: F401
-    from . import coordinator, dispatch_guard, rank, seccomp_filter  # noqa: F401
+    from ... import cards, golden  # noqa: F401
+    from . import evaluation  # noqa: F401
+    from ..candidate import dispatch_guard, rank, seccomp_filter  # noqa: F401
 
     golden.op_names()
     seccomp_filter.available()  # loads libseccomp (its lookup runs ldconfig) before any rank is confined
@@ -58,8 +59,8 @@ def _owner_alive(pid: int) -> bool:
 def handle_request(raw: bytes, spawner: "Spawner") -> str:
     """Run one evaluation in this process and return the JudgeResult as JSON. `spawner` was forked before `raw`
     (which holds the secret) was read."""
-    from .coordinator import evaluate
-    from .request import JudgeRequest
+    from .evaluation import evaluate
+    from ..host.request import JudgeRequest
 
     req = JudgeRequest.model_validate_json(raw)
     return evaluate(req, spawner).model_dump_json()

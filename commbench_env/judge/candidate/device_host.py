@@ -21,8 +21,8 @@ from typing import Any, NoReturn
 from . import isolate
 from .confine import confine
 from .device import WarmUp, cudart_library, reset_persisting_l2, sleep_cycles, work_outlived_call
-from .protocol import INPUT_PREFIX, Channel, encode_tensors, sample_outputs, sample_together
-from .staging import in_batches
+from ..protocol import INPUT_PREFIX, Channel, encode_tensors, sample_outputs, sample_together
+from ..staging import in_batches
 
 MAX_RANKS, MAX_PARAMS, MAX_AUX = 8, 8, 4
 DONE_SPIN_S = 0.005  # the host polls the done events without sleeping this long, so an extended clock stops soon
@@ -117,7 +117,7 @@ class DeviceHost:
     def __init__(self, world: int, channel: Channel, spec: dict[str, Any], library: str):
         import torch
 
-        from ..golden import get_op
+        from ...golden import get_op
 
         self.torch, self.world, self.spec = torch, world, spec
         self.channel = channel
@@ -283,7 +283,7 @@ class DeviceHost:
     def prepare(self, case, host: list[dict], out_specs: list[dict]) -> list[dict]:
         """Allocate and fill every rank's buffers for one call, from its inputs made by `host_inputs`."""
         torch = self.torch
-        from ..golden.base import DTYPE_MAP
+        from ...golden.base import DTYPE_MAP
 
         bufs = []
         for r, (host_inputs, dev) in enumerate(zip(host, self.devices)):
@@ -555,7 +555,7 @@ class DeviceHost:
                    "rows_by_rank": tables_by_rank(records, self.devices)})
 
     def serve(self) -> None:
-        from ..cards import CaseSpec
+        from ...cards import CaseSpec
 
         while True:
             msg = self.recv()
@@ -659,7 +659,7 @@ def device_host_main(world: int, sock: socket.socket, spec: dict[str, Any], work
 
 
 def main() -> None:
-    """`python -m commbench_env.judge.device_host --fd N --workdir DIR`: a fresh device host, e.g. under
+    """`python -m commbench_env.judge.candidate.device_host --fd N --workdir DIR`: a fresh device host, e.g. under
     compute-sanitizer. The first message on the socket carries world, spec and library."""
     import argparse
 

@@ -10,7 +10,7 @@ import re
 import importlib.util
 from dataclasses import dataclass, field
 
-from .rules import ALLOWED_IMPORTS, AMBIGUOUS_METHODS, FORBIDDEN_BUILTINS, STREAM_APIS, STREAM_RULE, is_forbidden
+from ..rules import ALLOWED_IMPORTS, AMBIGUOUS_METHODS, FORBIDDEN_BUILTINS, STREAM_APIS, STREAM_RULE, is_forbidden
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..config import StrictModel
+from ...config import StrictModel
 
 SCHEMA_VERSION = "1.3"  # 1.1: roofline, roofline_pct, ncu; 1.2: SizeResult.roofline_gbps; 1.3: time_us_scored,
 # clock_bounded, isolation_missing, leaderboard_grade

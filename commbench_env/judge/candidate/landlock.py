@@ -58,9 +58,9 @@ PROC_READABLE = ("/proc/cpuinfo", "/proc/meminfo", "/proc/sys", "/proc/filesyste
 def _hidden_paths() -> list[Path]:
     """What no rank may read, wherever it sits: the task cards (hidden cases, references) and the sandbox's folder
     (every rank's folder, the judge server's socket)."""
-    from ..paths import cards_root
+    from ...paths import PACKAGE_DIR, cards_root
 
-    hidden = [cards_root() / "tasks", Path(__file__).resolve().parent.parent / "_cards"]
+    hidden = [cards_root() / "tasks", PACKAGE_DIR / "_cards"]
     if os.environ.get("COMMBENCH_SANDBOX"):
         hidden.append(Path(os.environ["COMMBENCH_SANDBOX"]))
     return [h.resolve() for h in hidden if h.exists()]
@@ -88,7 +88,9 @@ def default_read_paths() -> list[str]:
     """System and interpreter paths ranks may read: fixed system folders, the interpreter's prefixes and sys.path,
     minus the hidden paths (_hidden_paths) wherever they lie beneath those. A checkout holding this package is
     never taken whole (its runs/ may hold traces), only the package itself."""
-    pkg = Path(__file__).resolve().parent.parent  # the commbench_env package
+    from ...paths import PACKAGE_DIR
+
+    pkg = PACKAGE_DIR  # the commbench_env package
     checkout = pkg.parent if (pkg.parent / "pyproject.toml").exists() or (pkg.parent / ".git").exists() else None
     roots = {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/opt", "/sys", "/dev",
              sys.prefix, sys.base_prefix, sys.exec_prefix, str(pkg)}

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ..config import StrictModel
+from ...config import StrictModel
 from .result import Mode
 
 

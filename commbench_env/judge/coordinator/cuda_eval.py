@@ -16,10 +16,10 @@ import sys
 import time
 from typing import Any
 
-from ..cards import CaseSpec
-from .coordinator import Evaluation, RankFailure, RankProc
-from .protocol import Channel, ProtocolError, decode_tensors, split_inputs
-from .result import (CaseResult, Mismatch, RankProfile, SanitizerReport, SizeResult, Verdict,
+from ...cards import CaseSpec
+from .evaluation import Evaluation, RankFailure, RankProc
+from ..protocol import Channel, ProtocolError, decode_tensors, split_inputs
+from ..host.result import (CaseResult, Mismatch, RankProfile, SanitizerReport, SizeResult, Verdict,
                      kernel_bandwidth)
 
 
@@ -42,7 +42,7 @@ class DeviceHostEvaluation(Evaluation):
     def launch(self) -> None:
         t0 = time.monotonic()
         if self.spawner is None:
-            raise RuntimeError("an evaluation that runs candidate code needs a spawner (judge/spawner.py)")
+            raise RuntimeError("an evaluation that runs candidate code needs a spawner (judge/coordinator/spawner.py)")
         mine, theirs = socket.socketpair()
         try:
             pid = self.spawner.spawn("device_host", theirs, world=self.world, spec=self.host_spec(self.timeout_s),
@@ -202,7 +202,7 @@ class DeviceHostEvaluation(Evaluation):
     def _run_host_under(self, tool_cmd: list[str], case, seeds, specs, spec, left: float) -> tuple[str, str]:
         """One `check` call of every rank in a fresh device host run under an external tool: (status, output)."""
         mine, theirs = socket.socketpair()
-        cmd = [*tool_cmd, sys.executable, "-m", "commbench_env.judge.device_host", "--fd", str(theirs.fileno()),
+        cmd = [*tool_cmd, sys.executable, "-m", "commbench_env.judge.candidate.device_host", "--fd", str(theirs.fileno()),
                "--workdir", str(self.workdir)]
         # one cudaMalloc per tensor: inside the caching allocator's big blocks an overrun is invisible to memcheck
         env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}

@@ -18,18 +18,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
-from ..cards import CaseSpec, TaskCard, bus_share_of_copy, busbw_factor
-from ..golden import get_op
-from ..golden.base import GoldenOp
-from ..golden.compare import compare_tensor
-from .protocol import (ProtocolError, Reader, decode_tensors, derive_seed, pack, sample_positions, sample_together,
+from ... import __version__
+from ...cards import CaseSpec, TaskCard, bus_share_of_copy, busbw_factor
+from ...golden import get_op
+from ...golden.base import GoldenOp
+from ...golden.compare import compare_tensor
+from ..protocol import (ProtocolError, Reader, decode_tensors, derive_seed, pack, sample_positions, sample_together,
                        split_inputs)
-from .request import JudgeRequest
-from .result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, Roofline,
+from ..host.request import JudgeRequest
+from ..host.result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, Roofline,
                      SizeResult, Timings, Verdict, Violation, kernel_bandwidth)
-from .rules import expand_forbidden
-from .staging import usable_cores
+from ..rules import expand_forbidden
+from ..staging import usable_cores
 from .static_check import check_source
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class Evaluation:
                                    timeout=timedelta(seconds=self.timeout_s))
         spec["store_port"] = self.store.port
         if self.spawner is None:
-            raise RuntimeError("an evaluation that runs candidate code needs a spawner (judge/spawner.py)")
+            raise RuntimeError("an evaluation that runs candidate code needs a spawner (judge/coordinator/spawner.py)")
         for r in range(self.world):
             mine, theirs = socket.socketpair()
             try:

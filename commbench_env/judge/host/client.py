@@ -12,13 +12,13 @@ import secrets
 import uuid
 from collections.abc import Mapping
 
-from ..cards import Task
-from ..errors import CardError, JudgeInfraError, SandboxError
-from ..sandbox import Sandbox
+from ...cards import Task
+from ...errors import CardError, JudgeInfraError, SandboxError
+from ...sandbox import Sandbox
 from .request import JudgeRequest
 from .result import JudgeResult, Mode
-from .__main__ import judge_command
-from .server import RESULT_MARK
+from ..__main__ import judge_command
+from ..coordinator.server import RESULT_MARK
 
 # Seconds the judge may take beyond the task's own time limit (process start, verification, clean-up).
 JUDGE_MARGIN_S = 60.0
