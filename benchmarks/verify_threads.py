@@ -23,7 +23,7 @@ import torch
 
 from commbench_env.cards import load_task
 from commbench_env.golden.base import GoldenOp
-from commbench_env.judge.coordinator import evaluation as coordinator
+from commbench_env.judge.coordinator import evaluation
 from commbench_env.judge import staging
 from commbench_env.judge.host.request import JudgeRequest
 
@@ -38,7 +38,7 @@ def main() -> None:
     task = load_task(a.task)
     req = JudgeRequest(task=task.judge_spec(), mode="benchmark", world_size=a.world,
                        secret=secrets.token_bytes(32).hex(), workdir="/nonexistent")
-    ev = coordinator.Evaluation(req)
+    ev = evaluation.Evaluation(req)
     case = ev.op.size_case(task.card.performance, a.size, a.world)
     seeds = [[ev.seed("bench", a.size, it, r) for it in range(a.iters)] for r in range(a.world)]
     samples, sampled = [], []  # correct outputs, the golden results themselves: in full, and as a rank samples them
@@ -52,8 +52,8 @@ def main() -> None:
     own_samples = type(ev.op).expected_samples is not GoldenOp.expected_samples
     print(f"{a.task}, world {a.world}, {a.size} bytes, {a.iters} timed iterations, {os.cpu_count()} cores")
     figures = {}
-    for threads in (1, coordinator.VERIFY_THREADS):
-        coordinator.VERIFY_THREADS = threads
+    for threads in (1, evaluation.VERIFY_THREADS):
+        evaluation.VERIFY_THREADS = threads
         t0 = time.perf_counter()
         mismatch = ev.verify_samples(case, a.size, seeds, samples, True)
         figures[threads] = time.perf_counter() - t0
@@ -63,7 +63,7 @@ def main() -> None:
     print(f"  ratio pool / one thread: {pool / one:.2f}")
 
     # what a benchmark does: the ranks send samples of each output; the pool checks them
-    print(f"sampled verification ({coordinator.VERIFY_THREADS} threads): the op's outputs in full, then indexed, "
+    print(f"sampled verification ({evaluation.VERIFY_THREADS} threads): the op's outputs in full, then indexed, "
           f"against computed at the samples only{'' if own_samples else ' (this op has no sampled form)'}")
     timed = {}
     for label, hook in (("in full", GoldenOp.expected_samples), ("at the samples", type(ev.op).expected_samples)):

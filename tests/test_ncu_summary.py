@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from commbench_env.judge.coordinator.cuda_eval import (
-    DeviceHostEvaluation,
-    kernel_base_name,
-    summarise_ncu,
-)
+from commbench_env.judge.coordinator.cuda_tools import NCU_METRICS, kernel_base_name, summarise_ncu
 from commbench_env.judge.host.result import JudgeResult, SanitizerReport, Verdict
 
 
@@ -47,7 +43,7 @@ DETAILS = """==PROF== Connected to process 4242
 
 
 def test_summary_keeps_the_kernel_the_figures_and_the_findings():
-    text = summarise_ncu(DETAILS, DeviceHostEvaluation.NCU_METRICS)
+    text = summarise_ncu(DETAILS, NCU_METRICS)
     lines = text.splitlines()
     assert lines[0].startswith("pull_kernel(") and "Device 0" in lines[0]
     assert "  DRAM Throughput % 88.02" in lines and "  Achieved Occupancy % 45.10" in lines

@@ -78,7 +78,7 @@ def test_reference_figures_keep_each_sizes_median_run():
 
 def test_a_bandwidth_far_above_the_roofline_is_refused():
     """Timings are taken inside the candidate's process; the coordinator rejects figures no hardware reaches."""
-    from commbench_env.judge.coordinator.evaluation import implausible_timing
+    from commbench_env.judge.coordinator.timing import implausible_timing
 
     assert implausible_timing(None, 64 << 20, "NVLink") is None  # no roofline (CPU): nothing to compare with
     assert implausible_timing(105.0, 64 << 20, "NVLink") is None  # the best honest references reach ~105 %

@@ -10,7 +10,7 @@ import torch
 
 from commbench_env.cards import load_task
 from commbench_env.golden.base import GoldenOp
-from commbench_env.judge.coordinator import evaluation as coordinator
+from commbench_env.judge.coordinator import evaluation
 from commbench_env.judge.host.request import JudgeRequest
 
 # task -> whether the sampled values are bit-identical (same sums in the same order) or only equal to rounding
@@ -20,11 +20,11 @@ TASKS = {"collective/allreduce_twoshot": True, "fusion/allreduce_residual_rmsnor
          "fusion/allgather_matmul": False, "fusion/matmul_reduce_scatter": False, "ep/moe_dispatch_combine": True}
 
 
-def _evaluation(task_id: str, world: int) -> coordinator.Evaluation:
+def _evaluation(task_id: str, world: int) -> evaluation.Evaluation:
     task = load_task(task_id)
     req = JudgeRequest(task=task.judge_spec(), mode="benchmark", world_size=world,
                        secret=secrets.token_bytes(32).hex(), workdir="/nonexistent")
-    return coordinator.Evaluation(req)
+    return evaluation.Evaluation(req)
 
 
 def _cases(task_id: str, world: int):

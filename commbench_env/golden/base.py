@@ -124,6 +124,11 @@ class GoldenOp:
         samples in that order. Return, per rank, name -> the values at those positions (as `expected` would give)."""
         return None
 
+    def verifies_whole_outputs(self) -> bool:
+        """Whether this op checks more than values at positions (it has its own `verify`): then the outputs of
+        timed calls must come back whole, not sampled."""
+        return type(self).verify is not GoldenOp.verify
+
     def verify(self, case: "CaseSpec", world: int, inputs: list[Tensors], outputs: list[Tensors],
                tol: tuple[float, float]) -> "dict | None":
         """First mismatch as a dict for `Mismatch`, or None. Default: compare against `expected`."""

@@ -1,98 +1,47 @@
-"""The coordinator: builds nothing from candidate code, launches the ranks, feeds them seeds, verifies and times.
+"""The coordinator of one evaluation: the stages, the seeds, verification and figures, all in a process that
+never runs candidate code.
 
-Stages are small functions: static_check -> launch -> rendezvous -> check -> benchmark -> profile -> collect.
+Stages: static_check (or the CUDA build) -> start the rank group -> check -> benchmark -> profile -> stop. The
+candidate processes are reached only through a `RankGroup` (rank_group.py): torch ranks or the CUDA device host.
 """
 
 from __future__ import annotations
 
-import os
-import selectors
 import shutil
-import signal
-import socket
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ... import __version__
-from ...cards import CaseSpec, TaskCard, bus_share_of_copy, busbw_factor
+from ...cards import CaseSpec, PerformanceSpec, TaskCard, bus_share_of_copy, busbw_factor
 from ...golden import get_op
 from ...golden.base import GoldenOp
 from ...golden.compare import compare_tensor
-from ..protocol import (ProtocolError, Reader, decode_tensors, derive_seed, pack, sample_positions, sample_together,
-                       split_inputs)
 from ..host.request import JudgeRequest
-from ..host.result import (CaseResult, CompileReport, JudgeResult, Mismatch, RankProfile, RankStatus, Roofline,
-                     SizeResult, Timings, Verdict, Violation, kernel_bandwidth)
+from ..host.result import CaseResult, CompileReport, JudgeResult, Mismatch, Roofline, SizeResult, Timings, Verdict, Violation
+from ..protocol import derive_seed, sample_positions, sample_together
 from ..rules import expand_forbidden
 from ..staging import usable_cores
+from .links import RankFailure
+from .rank_group import RankGroup
 from .static_check import check_source
+from .timing import implausible_timing
+from .torch_ranks import TorchRanks
 
 if TYPE_CHECKING:
     from .spawner import Spawner
 
-IMPLAUSIBLE_ROOFLINE_PCT = 300.0  # honest references peak near 105 % of the roofline the judge measures
-IMPLAUSIBLE_MIN_BYTES = 1 << 20  # below this, latency dominates and no roofline applies
-# What the GPU start line (syncs, the L2 reset, about 3 ms of warm-up, the device host's gate and threads) and the
-# messages around the timed calls may take beyond the calls themselves. A rank's own timings may not claim less
-# than GPU_BOUND_SHARE of the coordinator's window beyond this slack: a bound against forged figures, loose enough
-# that host noise never raises an honest one (it bites only where calls take far longer than the slack).
-GPU_START_SLACK_NS = 20_000_000
-GPU_BOUND_SHARE = 0.5
-
-
-def clock_floor(window_ns: int) -> int:
-    """The least total a rank's own GPU timings may report for calls the coordinator saw take `window_ns`."""
-    return int(GPU_BOUND_SHARE * (window_ns - GPU_START_SLACK_NS))
 VERIFY_THREADS = 8  # timed iterations checked at once (each regenerates its inputs; torch releases the GIL)
-
-
-def implausible_timing(roofline_pct: float | None, size_bytes: int, roofline_name: str) -> str | None:
-    """Why a bandwidth is impossible, or None. Timings are taken inside the candidate's own process, so they are
-    checked from outside too: a figure far above the roofline measured in the same evaluation means the clock was
-    fooled, whatever the rank reported."""
-    if roofline_pct is None or size_bytes < IMPLAUSIBLE_MIN_BYTES or roofline_pct <= IMPLAUSIBLE_ROOFLINE_PCT:
-        return None
-    return (f"measured {roofline_pct:.0f} % of the {roofline_name} roofline at {size_bytes} bytes; no transfer is "
-            f"{IMPLAUSIBLE_ROOFLINE_PCT / 100:.0f}x faster than the hardware allows, so this timing cannot be right")
-
-
-class RankFailure(Exception):
-    """A rank crashed, hung, raised, or broke protocol; carries the verdict to report."""
-
-    def __init__(self, verdict: Verdict, summary: str, case: str | None = None):
-        super().__init__(summary)
-        self.verdict, self.summary, self.case = verdict, summary, case
-
-    @classmethod
-    def protocol(cls, who: str, what: object, case: str | None = None) -> "RankFailure":
-        """`who` sent something the judge's protocol does not allow: its runtime error (candidate code in that
-        process can write anything on its channel), never the judge's."""
-        return cls(Verdict.runtime_error, f"{who} broke the judge's protocol: {what}", case)
-
-
-@dataclass
-class RankProc:
-    rank: int
-    pid: int
-    sock: socket.socket
-    reader: Reader = field(default_factory=Reader)
-    sent: int = 0  # frames sent on this channel (each carries its number)
-    state: str = "ok"
-    exit_code: int | None = None
-    signal: int | None = None
-    violations: list[dict] = field(default_factory=list)
 
 
 class Evaluation:
     def __init__(self, req: JudgeRequest, spawner: "Spawner | None" = None):
         self.req = req
         self.spawner = spawner
-        self.store: Any = None
+        self.group: RankGroup | None = None
+        self.library = ""  # a cuda candidate's built library
         self.card = TaskCard.model_validate(req.task["card"])
         self.op: GoldenOp = get_op(self.card.semantics.op)
         self.secret = bytes.fromhex(req.secret)
@@ -100,7 +49,6 @@ class Evaluation:
         self.world = req.world_size
         self.timeout_s = req.timeout_s or self.card.limits.timeout_s
         self.deadline = time.monotonic() + self.timeout_s
-        self.ranks: list[RankProc] = []
         self.timings = Timings()
         self.t_start = time.monotonic()
         self.result = JudgeResult(task_id=self.card.id, task_hash=req.task.get("task_hash", ""), mode=req.mode,
@@ -165,52 +113,6 @@ class Evaluation:
             return False
         return True
 
-    # ---- stage 2: launch + rendezvous --------------------------------------------------------------------
-    def rank_spec(self) -> dict[str, Any]:
-        """What a rank is started with: the card without its cases (a rank learns a case only when it must run
-        it), limits, and where the coordinator's rendezvous store listens."""
-        spec = {"card": self.card.model_dump(mode="json"), "timeout_s": self.timeout_s,
-                "memory_mb": self.req.memory_mb or self.card.limits.memory_mb,
-                "threads_per_rank": self.req.threads_per_rank or max(1, (os.cpu_count() or 1) // self.world),
-                "landlock": self.req.landlock, "device_mode": self.req.device_mode}
-        spec["card"]["cases"] = []
-        return spec
-
-    def launch(self) -> None:
-        import torch.distributed as dist
-
-        t0 = time.monotonic()
-        spec = self.rank_spec()
-        # The rendezvous store is served here, by the coordinator: no rank owns it, and it closes once every
-        # rank's process group is connected, so ranks cannot use it as a channel.
-        self.store = dist.TCPStore("127.0.0.1", 0, self.world, True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=self.timeout_s))
-        spec["store_port"] = self.store.port
-        if self.spawner is None:
-            raise RuntimeError("an evaluation that runs candidate code needs a spawner (judge/coordinator/spawner.py)")
-        for r in range(self.world):
-            mine, theirs = socket.socketpair()
-            try:
-                pid = self.spawner.spawn("rank", theirs, rank=r, world=self.world, spec=spec,
-                                         workdir=str(self.workdir))
-            finally:
-                theirs.close()
-            mine.setblocking(False)
-            self.ranks.append(RankProc(rank=r, pid=pid, sock=mine))
-        self.timings.launch_s = time.monotonic() - t0
-
-    def rendezvous(self) -> None:
-        """Every rank reports its set-up (process group, confinement, rank 0's roofline) before candidate code
-        exists; only these messages are taken for the isolation report and the roofline."""
-        t0 = time.monotonic()
-        msgs = self.gather(range(self.world), "setup")
-        self.accept_setup(msgs)
-        if self.req.device_mode != "cuda":  # NCCL may open communicators later; gloo is connected by now
-            self.store = None
-        self.timings.rendezvous_s = max(m[0].get("rendezvous_s", 0.0) for m in msgs.values()) if msgs else 0.0
-        self.gather(range(self.world), "ready")
-        self.timings.load_s = time.monotonic() - t0 - self.timings.rendezvous_s
-
     def accept_setup(self, msgs: dict[int, tuple[dict, bytes]]) -> None:
         """The isolation report (the weakest rank's) and the roofline, from the pre-candidate set-up messages."""
         reports = [m[0].get("isolation") or {} for _, m in sorted(msgs.items())]
@@ -231,138 +133,6 @@ class Evaluation:
             except ValueError as exc:
                 raise RankFailure(Verdict.runtime_error, f"rank 0 sent a malformed roofline: {exc}") from None
 
-    # ---- messaging ---------------------------------------------------------------------------------------
-    def send(self, rp: RankProc, header: dict[str, Any], blob: bytes = b"") -> None:
-        data = pack(header, blob, rp.sent)
-        rp.sent += 1
-        rp.sock.setblocking(True)
-        rp.sock.settimeout(max(0.1, self.deadline - time.monotonic()))
-        try:
-            rp.sock.sendall(data)
-        except (OSError, socket.timeout):
-            self.reap(rp)
-            raise RankFailure(Verdict.runtime_error, f"rank {rp.rank} stopped accepting messages ({self.describe(rp)})")
-        finally:
-            rp.sock.setblocking(False)
-
-    def gather(self, ranks, expect: str, case: str | None = None, then=None) -> dict[int, Any]:
-        """Wait for one message from each rank in `ranks`; fail with a verdict naming who crashed or hung.
-        `then(rank, message)`, if given, sees each message at once and may name the next message that rank owes
-        (a dialogue of several steps per rank, run for all ranks together); the last message is returned."""
-        pending = set(ranks)
-        waiting = {r: expect for r in pending}
-        got: dict[int, Any] = {}
-        sel = selectors.DefaultSelector()
-        for r in pending:
-            sel.register(self.ranks[r].sock, selectors.EVENT_READ, r)
-        try:
-            while pending:
-                for r in list(pending):
-                    msg = self.pop(r, case)
-                    while msg is not None:
-                        self.absorb(r, msg, waiting[r], case)
-                        nxt = then(r, msg) if then else None
-                        if not nxt:
-                            got[r] = msg
-                            pending.discard(r)
-                            sel.unregister(self.ranks[r].sock)
-                            break
-                        waiting[r] = nxt
-                        msg = self.pop(r, case)
-                if not pending:
-                    break
-                left = self.deadline - time.monotonic()
-                if left <= 0:
-                    self.hang(sorted(pending), case)
-                for key, _ in sel.select(timeout=min(left, 1.0)):
-                    self.read_some(self.ranks[key.data], case)
-        finally:
-            sel.close()
-        return got
-
-    def pop(self, r: int, case: str | None) -> tuple[dict, bytes] | None:
-        """The next whole frame from rank `r`, if one is buffered; a malformed or out-of-order frame is that rank's
-        runtime error (its code can write anything on its channel)."""
-        try:
-            return self.ranks[r].reader.pop()
-        except ProtocolError as exc:
-            raise RankFailure.protocol(f"rank {r}", exc, case) from None
-
-    def read_some(self, rp: RankProc, case: str | None) -> None:
-        """Read what rank `rp` has sent; a channel closed with no whole frame left is a crash."""
-        try:
-            data = rp.sock.recv(1 << 20)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        rp.reader.feed(data)
-        if not data and not rp.reader.has_frame():  # a whole frame still buffered is read first
-            self.reap(rp, wait=0.5)
-            raise RankFailure(Verdict.runtime_error,
-                              f"rank {rp.rank} {self.describe(rp)} before reporting" + (f" (case {case})" if case else ""),
-                              case)
-
-    def absorb(self, r: int, msg: tuple[dict, bytes], expect: str, case: str | None) -> None:
-        header = msg[0]
-        rp = self.ranks[r]
-        violations = header.get("violations") or []
-        if not isinstance(violations, list) or not all(isinstance(v, dict) and isinstance(v.get("detail"), str)
-                                                       for v in violations):
-            raise RankFailure.protocol(f"rank {r}", "malformed violations", case)
-        for v in violations:
-            if v not in rp.violations:
-                rp.violations.append({k: str(v[k]) for k in ("rule", "detail", "where") if k in v})
-        kind = header.get("type")
-        if kind == "load_error":
-            if rp.violations:
-                raise RankFailure(Verdict.forbidden, f"rank {r} broke a rule while loading: {rp.violations[0]['detail']}")
-            raise RankFailure(Verdict.runtime_error, f"loading the candidate failed on rank {r}:\n{header.get('error', '')}")
-        if kind == "error":
-            if rp.violations:
-                raise RankFailure(Verdict.forbidden, f"rank {r} broke a rule: {rp.violations[0]['detail']}", case)
-            raise RankFailure(Verdict.runtime_error, f"rank {r} raised" + (f" in case {case}" if case else "")
-                              + f":\n{header.get('error', '')}", case)
-        if kind != expect:
-            raise RankFailure(Verdict.runtime_error, f"rank {r} sent {kind!r} where {expect!r} was expected", case)
-
-    def describe(self, rp: RankProc) -> str:
-        if rp.signal:
-            name = signal.Signals(rp.signal).name if rp.signal in signal.Signals._value2member_map_ else str(rp.signal)
-            return f"was killed by {name}" + (" (CPU time limit)" if rp.signal == signal.SIGXCPU else "")
-        if rp.exit_code is not None:
-            return f"exited with code {rp.exit_code}"
-        return "closed its channel"
-
-    def reap(self, rp: RankProc, wait: float = 0.0) -> None:
-        end = time.monotonic() + wait
-        while True:
-            try:
-                pid, status = os.waitpid(rp.pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid:
-                if os.WIFSIGNALED(status):
-                    rp.signal, rp.state = os.WTERMSIG(status), "crashed"
-                else:
-                    rp.exit_code = os.WEXITSTATUS(status)
-                    rp.state = "exited_early" if rp.exit_code == 0 else "crashed"
-                return
-            if time.monotonic() >= end:
-                return
-            time.sleep(0.01)
-
-    def hang(self, pending: list[int], case: str | None) -> None:
-        for r in pending:
-            self.ranks[r].state = "hung"
-            try:
-                os.kill(self.ranks[r].pid, signal.SIGUSR1)  # faulthandler dumps the Python stacks
-            except ProcessLookupError:
-                pass
-        time.sleep(0.3)
-        raise RankFailure(Verdict.timeout, f"time limit of {self.timeout_s:g}s reached; rank(s) "
-                          f"{', '.join(map(str, pending))} did not finish" + (f" case {case}" if case else ""), case)
-
     # ---- stage 3: correctness ------------------------------------------------------------------------
     def seed(self, *parts: object) -> int:
         return derive_seed(self.secret, *parts)
@@ -370,23 +140,6 @@ class Evaluation:
     def tolerance(self, case: CaseSpec) -> tuple[float, float]:
         tol = self.card.tolerance_for(case.dtype)
         return tol.rtol, tol.atol
-
-    def decode(self, r: int, msg: tuple[dict, bytes], case: str | None) -> tuple[dict, dict]:
-        """A rank's tensors as (outputs, the read-only inputs it sent back); a malformed message is its failure."""
-        try:
-            tensors = decode_tensors(msg[0].get("outputs"), msg[1])
-        except ProtocolError as exc:
-            raise RankFailure.protocol(f"rank {r}", exc, case) from None
-        return split_inputs(tensors)
-
-    def start_line(self, case: str | None) -> list[int]:
-        """Wait until every rank has staged its inputs, then release them; returns each rank's release time (ns)."""
-        self.gather(range(self.world), "staged", case)
-        released = []
-        for rp in self.ranks:
-            released.append(time.perf_counter_ns())
-            self.send(rp, {"cmd": "go"})
-        return released
 
     def inputs_changed(self, case: CaseSpec, inputs: list[dict], shown: list[dict], detail: str = "",
                        sample_seed: int | None = None) -> Mismatch | None:
@@ -409,16 +162,11 @@ class Evaluation:
     def run_case(self, case: CaseSpec) -> CaseResult:
         t0 = time.monotonic()
         seeds = [self.seed("case", case.name, r) for r in range(self.world)]
-        for rp in self.ranks:
-            self.send(rp, {"cmd": "check", "case": case.model_dump(mode="json"), "seed": seeds[rp.rank]})
-        self.start_line(case.name)
-        msgs = self.gather(range(self.world), "result", case.name)
-        decoded = [self.decode(r, msgs[r], case.name) for r in range(self.world)]
-        outputs = [d[0] for d in decoded]
+        handed = self.group.check_call(case, seeds)
         t1 = time.monotonic()
         inputs = [self.op.make_inputs(case, r, self.world, seeds[r]) for r in range(self.world)]
-        changed = self.inputs_changed(case, inputs, [d[1] for d in decoded])
-        mm = None if changed else self.op.verify(case, self.world, inputs, outputs, self.tolerance(case))
+        changed = self.inputs_changed(case, inputs, [h[1] for h in handed])
+        mm = None if changed else self.op.verify(case, self.world, inputs, [h[0] for h in handed], self.tolerance(case))
         self.timings.verify_s += time.monotonic() - t1
         mismatch = changed or (Mismatch(hidden=not case.visible, **mm) if mm else None)
         return CaseResult(name=case.name, visible=case.visible, passed=mismatch is None,
@@ -443,112 +191,19 @@ class Evaluation:
             self.result.benchmark.append(self.bench_size(perf, size))
         self.timings.run_s += time.monotonic() - t0 - (self.timings.verify_s - verify_before)
 
-    def bench_size(self, perf, size: int) -> SizeResult:
+    def bench_size(self, perf: PerformanceSpec, size: int) -> SizeResult:
         case = self.op.size_case(perf, size, self.world)
-        n_iter = perf.warmup + perf.iters
-        seeds = [[self.seed("bench", size, it, r) for it in range(n_iter)] for r in range(self.world)]
-        full = type(self.op).verify is not GoldenOp.verify
-        for rp in self.ranks:
-            self.send(rp, {"cmd": "bench", "case": case.model_dump(mode="json"), "calls": n_iter,
-                           "full_outputs": full})
-        if self.req.device_mode == "cpu":
-            times, samples, extended, bounded = self.bench_released(case, size, perf, seeds)
-        else:
-            times, samples, extended, bounded = self.bench_back_to_back(case, size, perf, seeds)
+        seeds = [[self.seed("bench", size, it, r) for it in range(perf.warmup + perf.iters)] for r in range(self.world)]
+        calls = self.group.bench_calls(case, size, perf, seeds)
         t1 = time.monotonic()
-        mismatch = self.verify_samples(case, size, seeds, samples, full)
+        mismatch = self.verify_samples(case, size, seeds, calls.samples, calls.full)
         self.timings.verify_s += time.monotonic() - t1
-        return self.size_result(case, size, perf, times, mismatch).model_copy(
-            update={"extended_calls": extended, "clock_bounded": bounded})
-
-    def bench_released(self, case: CaseSpec, size: int, perf, seeds) -> tuple:
-        """CPU: one call at a time. Each call's seed reaches the ranks only once the previous call's samples are
-        in; the coordinator releases all ranks together and times each from its release to the arrival of its
-        samples, which it asks for only once the rank says the call returned. So the time covers all the work the
-        outputs depend on, and nothing a rank reports about itself is taken as a time."""
-        times = [[0.0] * perf.iters for _ in range(self.world)]
-        samples: list[tuple[int, int, tuple]] = []
-        for it in range(perf.warmup + perf.iters):
-            timed = it >= perf.warmup
-            for rp in self.ranks:
-                self.send(rp, {"seed": seeds[rp.rank][it], "it": it, "sample": timed})
-            released = self.start_line(case.name)
-            ends = [0] * self.world
-            ask = self.sample_ask(size, it)
-
-            def then(r: int, msg: tuple[dict, bytes]) -> str | None:
-                if msg[0].get("type") == "done":
-                    if not timed:
-                        return None
-                    self.send(self.ranks[r], ask)
-                    return "samples"
-                ends[r] = time.perf_counter_ns()
-                return None
-
-            got = self.gather(range(self.world), "done", case.name, then=then)
-            if timed:
-                for r in range(self.world):
-                    times[r][it - perf.warmup] = (ends[r] - released[r]) / 1e3
-                    samples.append((it, r, self.decode(r, got[r], case.name)))
-        return times, samples, 0, False
-
-    def bench_back_to_back(self, case: CaseSpec, size: int, perf, seeds) -> tuple:
-        """GPU: the warm-up calls, then the timed calls, each phase back-to-back on inputs staged just before it
-        (so no warm-up call sees a timed call's inputs). The ranks' CUDA events time each call; the coordinator's
-        own clock around the timed phase bounds them from below (a rank's events summing to less than that window
-        less the start line's slack are raised to it), since events are read inside the candidate's process."""
-        warm = perf.warmup
-        for rp in self.ranks:
-            self.send(rp, {"seeds": seeds[rp.rank][:warm]})
-        if warm:
-            self.start_line(case.name)
-            self.gather(range(self.world), "calls", case.name)
-        for rp in self.ranks:
-            self.send(rp, {"seeds": seeds[rp.rank][warm:], "first": warm})
-        released = self.start_line(case.name)
-        ends = [0] * self.world
-
-        def arrived(r: int, msg: tuple[dict, bytes]) -> None:
-            ends[r] = time.perf_counter_ns()
-
-        msgs = self.gather(range(self.world), "calls", case.name, then=arrived)
-        times, bounded, extended = [], False, 0
-        for r in range(self.world):
-            ns, raised = self.bounded_times(f"rank {r}", msgs[r][0].get("ns"), perf.iters, ends[r] - released[r],
-                                            case.name)
-            times.append([x / 1e3 for x in ns])
-            bounded = bounded or raised
-            extended = max(extended, perf.iters if msgs[r][0].get("extended") else 0)
-        samples = []
-        for i in range(perf.iters):
-            it = warm + i
-            ask = self.sample_ask(size, it)
-            for rp in self.ranks:
-                self.send(rp, ask)
-            got = self.gather(range(self.world), "samples", case.name)
-            for r in range(self.world):
-                samples.append((it, r, self.decode(r, got[r], case.name)))
-        return times, samples, extended, bounded
+        return self.size_result(case, size, perf, calls.times, mismatch).model_copy(
+            update={"extended_calls": calls.extended, "clock_bounded": calls.bounded})
 
     def sample_ask(self, size: int, it: int) -> dict[str, int]:
         """The seeds of the positions sampled after timed call `it`: of its outputs, and of its read-only inputs."""
         return {"sample_seed": self.seed("sample", size, it), "input_seed": self.seed("sample-in", size, it)}
-
-    @staticmethod
-    def bounded_times(who: str, ns: Any, calls: int, window_ns: int, case: str) -> tuple[list[int], bool]:
-        """A process's own GPU timings of `calls` calls, checked and raised (proportionally) to `clock_floor` of the
-        coordinator's window around them if they sum to less; returns them and whether they were raised."""
-        if not isinstance(ns, list) or len(ns) != calls or not all(type(x) is int and x >= 0 for x in ns):
-            raise RankFailure.protocol(who, "bad call times", case)
-        floor, total = clock_floor(window_ns), sum(ns)
-        if total >= floor:
-            return ns, False
-        return ([int(x * floor / total) for x in ns] if total else [floor // calls] * calls), True
-
-    def calls_released_singly(self) -> bool:
-        """Whether each timed call's inputs reach the ranks only once the previous call is over (then a call can
-        see no later call's inputs, and the median iteration is safe to score), or calls run back-to-back."""
-        return self.req.device_mode == "cpu"
 
     def size_result(self, case: CaseSpec, size: int, perf, times: list[list[float]],
                     mismatch: Mismatch | None) -> SizeResult:
@@ -574,7 +229,7 @@ class Evaluation:
         return SizeResult(size_bytes=size, dtype=case.dtype, count=int(case.shape[0]) if case.shape else 0,
                           iters=perf.iters, warmup=perf.warmup, time_us=t_us,
                           time_us_median=statistics.median(per_iter_max), time_us_min=min(per_iter_max),
-                          time_us_scored=(statistics.median(per_iter_max) if self.calls_released_singly()
+                          time_us_scored=(statistics.median(per_iter_max) if self.scores_median()
                                           else statistics.fmean(per_iter_max)),
                           per_rank_mean_us=per_rank_mean, algbw_gbps=algbw,
                           busbw_gbps=busbw, roofline_gbps=roof_gbps, roofline_pct=pct,
@@ -652,74 +307,21 @@ class Evaluation:
                       for r, outs in enumerate(self.op.expected(case, self.world, inputs))]
         return [{name: (*drawn[r][name], v) for name, v in values[r].items()} for r in range(self.world)]
 
+    def scores_median(self) -> bool:
+        """Whether timed calls were released one at a time (then the median iteration is safe to score: no call
+        could see a later call's inputs) rather than run back-to-back (then the mean is scored)."""
+        return self.group.calls_released_singly if self.group else self.req.device_mode == "cpu"
+
     # ---- stage 5: profile ----------------------------------------------------------------------------
     def profile(self) -> None:
-        vis = self.card.visible_cases()
-        case = max(vis, key=lambda c: self.op.metric_bytes(c, self.world))
-        seed = self.seed("profile", case.name)
-        for rp in self.ranks:
-            self.send(rp, {"cmd": "profile", "case": case.model_dump(mode="json"), "seed": seed + rp.rank * 7919})
-        msgs = self.gather(range(self.world), "profile", case.name)
-        for r in range(self.world):
-            h = msgs[r][0]
-            rows = kernel_bandwidth(h["rows"], self.op.metric_bytes(case, self.world), gpu_rows_only=True)
-            self.result.profile.append(RankProfile(rank=r, case=case.name, wall_us=h["wall_us"], comm_us=h["comm_us"],
-                                                   compute_us=h["compute_us"], rows=rows))
-
-    # ---- stage 6: shutdown -----------------------------------------------------------------------------
-    def shutdown(self) -> None:
-        for rp in self.ranks:
-            if rp.state == "ok":
-                try:
-                    rp.sock.setblocking(True)
-                    rp.sock.settimeout(0.2)
-                    rp.sock.sendall(pack({"cmd": "exit"}, b"", rp.sent))
-                except OSError:
-                    pass
-        end = time.monotonic() + 1.0
-        for rp in self.ranks:
-            if rp.state == "ok":
-                self.reap(rp, wait=max(0.0, end - time.monotonic()))
-                if rp.exit_code == 0:
-                    rp.state = "ok"  # asked to exit, and did
-        for rp in self.ranks:
-            if rp.exit_code is None and rp.signal is None:
-                try:
-                    os.killpg(rp.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                try:
-                    os.kill(rp.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                was = rp.state
-                self.reap(rp, wait=2.0)
-                if was in ("hung",):
-                    rp.state = "hung"
-                elif was == "ok":
-                    rp.state = "killed"
-            else:
-                try:  # anything the rank left behind in its session goes too
-                    os.killpg(rp.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            rp.sock.close()
-
-    def collect_ranks(self) -> None:
-        limit = self.req.max_output_chars
-        for rp in self.ranks:
-            rdir = self.workdir / f"rank{rp.rank}"
-            state = rp.state
-            if state == "exited_early" and rp.exit_code == 0 and self.result.verdict == Verdict.passed:
-                state = "ok"
-            self.result.ranks.append(RankStatus(
-                rank=rp.rank, state=state, exit_code=rp.exit_code, signal=rp.signal,
-                stdout=_tail(rdir / "stdout.txt", limit), stderr=_tail(rdir / "stderr.txt", limit),
-                stack=_tail(rdir / "stack.txt", limit) if rp.state == "hung" else None))
-            for v in rp.violations:
-                vv = Violation(rank=rp.rank, **{k: v[k] for k in ("rule", "detail", "where") if k in v})
-                if vv not in self.result.violations:
-                    self.result.violations.append(vv)
+        case = max(self.card.visible_cases(), key=lambda c: self.op.metric_bytes(c, self.world))
+        try:
+            profiles, ncu = self.group.profile(case)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:  # a profile message the protocol does not allow
+            raise RankFailure.protocol("a rank", f"malformed profile ({type(exc).__name__}: {exc})", case.name) from None
+        self.result.profile.extend(profiles)
+        if ncu is not None:
+            self.result.ncu = ncu
 
     # ---- the whole evaluation ---------------------------------------------------------------------------
     def run(self) -> JudgeResult:
@@ -751,19 +353,38 @@ class Evaluation:
                     self.result.cases.append(CaseResult(name=f.case, visible=case.visible if case else False,
                                                         passed=False, error=f.summary))
         finally:
-            if self.ranks:
-                self.shutdown()
-                self.collect_ranks()
+            if self.group:
+                ranks, violations = self.group.stop(self.result.verdict == Verdict.passed, self.req.max_output_chars)
+                self.result.ranks.extend(ranks)
+                self.result.violations.extend(v for v in violations if v not in self.result.violations)
         return self.finish()
 
     def run_mode(self) -> None:
-        """Launch the ranks and run the stages the mode asks for."""
+        """Start the ranks and run the stages the mode asks for."""
         mode = self.req.mode
+        cuda = self.card.language.value == "cuda"
         if mode == "sanitize":
-            raise RankFailure(Verdict.infra_error, "sanitize runs compute-sanitizer on cuda tasks; this task is "
-                                                   f"written in {self.card.language.value}")
-        self.launch()
-        self.rendezvous()
+            if not cuda:
+                raise RankFailure(Verdict.infra_error, "sanitize runs compute-sanitizer on cuda tasks; this task is "
+                                                       f"written in {self.card.language.value}")
+            from .cuda_tools import sanitize
+
+            self.result.sanitizer = sanitize(self)
+            bad = [s for s in self.result.sanitizer if s.errors]
+            self.result.verdict = Verdict.runtime_error if bad else self.result.verdict
+            self.result.summary = ("; ".join(f"{s.tool}: {s.errors} error(s)" for s in bad) if bad else "; ".join(
+                f"{s.tool}: {s.errors if s.errors is not None else '?'} error(s), {s.status}"
+                for s in self.result.sanitizer))
+            return
+        if self.spawner is None:
+            raise RuntimeError("an evaluation that runs candidate code needs a spawner (judge/coordinator/spawner.py)")
+        if cuda:
+            from .device_host_ranks import DeviceHostRanks
+
+            self.group = DeviceHostRanks(self)
+        else:
+            self.group = TorchRanks(self)
+        self.accept_setup(self.group.start())
         if mode in ("check", "full"):
             self.check()
         if mode == "benchmark" or (mode == "full" and all(c.passed for c in self.result.cases)):
@@ -825,23 +446,7 @@ def _same(a, b) -> bool:
                                        and bool(torch.equal(a.nan_to_num(), b.nan_to_num())))
 
 
-def _tail(path: Path, limit: int) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - limit))
-            text = fh.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return (f"[... {size - limit} bytes cut ...]\n" + text) if size > limit else text
-
-
 def evaluate(req: JudgeRequest, spawner: "Spawner") -> JudgeResult:
     """Run one evaluation to completion. Must be called in a process that will not run candidate code; every
     candidate process comes from `spawner`, forked before this process read the request."""
-    if req.task["card"].get("language") == "cuda":
-        from .cuda_eval import DeviceHostEvaluation
-
-        return DeviceHostEvaluation(req, spawner).run()
     return Evaluation(req, spawner).run()
