@@ -13,7 +13,9 @@ import sys
 
 # What `python -I -c` runs: the host's PYTHONPATH (where this package lives in a sandbox) without the start folder.
 BOOTSTRAP = ("import os, sys; sys.path[:0] = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]; "
+             "os.environ['COMMBENCH_JUDGE_PROCESS'] = '1'; "
              "from commbench_env.judge.__main__ import main; sys.exit(main())")
+RESULT_MARK = "COMMBENCH-RESULT "  # the result's JSON follows this, on one line of the judge's stdout
 
 
 def judge_command(python: str, *args: str) -> list[str]:

@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from ..__main__ import RESULT_MARK
 from ..protocol import ProtocolError, recv_blob, recv_header, recv_msg, send_msg
 
 if TYPE_CHECKING:
     from .spawner import Spawner
 
-RESULT_MARK = "COMMBENCH-RESULT "
 
 
 def preload() -> None:

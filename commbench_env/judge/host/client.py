@@ -17,8 +17,7 @@ from ...errors import CardError, JudgeInfraError, SandboxError
 from ...sandbox import Sandbox
 from .request import JudgeRequest
 from .result import JudgeResult, Mode
-from ..__main__ import judge_command
-from ..coordinator.server import RESULT_MARK
+from ..__main__ import RESULT_MARK, judge_command
 
 # Seconds the judge may take beyond the task's own time limit (process start, verification, clean-up).
 JUDGE_MARGIN_S = 60.0
