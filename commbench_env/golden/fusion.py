@@ -171,7 +171,7 @@ class VocabParallelCrossEntropy(GoldenOp):
     def make_inputs(self, case, rank, world, seed):
         scale = float(case.params.get("scale", 1.0))
         shift = float(case.params.get("shift", 0.0)) + float(case.params.get("rank_shift", 0.0)) * rank
-        z = torch.randn(tuple(int(s) for s in case.shape), generator=generator(seed), dtype=torch.float64)
+        z = rand(tuple(int(s) for s in case.shape), torch.float64, generator(seed))
         logits = (z * scale + shift).to(to_dtype(case.dtype))
         return {"logits_shard": logits, "targets": self.targets(case, world)}
 

@@ -282,14 +282,12 @@ class RankHarness:
                     self.send_samples(int(step["first"]) + it, out, shown, full)
 
     def send_samples(self, it: int, out: dict[str, Any], inputs: dict[str, Any], full: bool) -> None:
-        """The outputs of timed call `it` and the read-only inputs it was shown, or samples of both at positions
-        drawn only after they exist."""
+        """The outputs of timed call `it` (whole, or sampled), and samples of the read-only inputs it was shown
+        (whole inputs of every timed call were gigabytes through the channel), at positions drawn only after the
+        call returned."""
         ask = self.recv()
-        if full:
-            tensors = {**out, **{INPUT_PREFIX + k: v for k, v in inputs.items()}}
-        else:
-            tensors = {**sample_outputs(out, ask["sample_seed"]),
-                       **sample_together(inputs, ask["input_seed"], prefix=INPUT_PREFIX)}
+        tensors = {**(out if full else sample_outputs(out, ask["sample_seed"])),
+                   **sample_together(inputs, ask["input_seed"], prefix=INPUT_PREFIX)}
         meta, blob = encode_tensors(tensors)
         self.send({"type": "samples", "it": it, "outputs": meta, "violations": self.guard.violations}, blob)
 

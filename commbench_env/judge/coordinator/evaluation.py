@@ -257,7 +257,7 @@ class Evaluation:
         per_rank = {r: handed[r][0] for r in handed}
         shown = [handed[r][1] for r in range(self.world)]
         changed = self.inputs_changed(case, inputs, shown, f" (timed iteration {it})",
-                                      None if full else self.sample_ask(size, it)["input_seed"])
+                                      self.sample_ask(size, it)["input_seed"])
         if changed:
             return changed
         if full:
