@@ -397,7 +397,9 @@ class CommBenchEnv(gym.Env, EzPickle):
             info["turn_rewards"] = self.credit.turn_rewards()
         if result is not None:
             self.last_result = result
-        info.update({"judge_result": result.model_dump(mode="json") if result else None,
+        # info holds what the agent may see (hidden cases by number, no values); the full result goes to the
+        # trace and stays on the host as `env.last_result`
+        info.update({"judge_result": result.public().model_dump(mode="json") if result else None,
                      "reward_parts": parts.model_dump() if parts else None, "turn_score": self.credit.scores[-1],
                      "verdict": result.verdict.value if result else None, "step_s": time.monotonic() - t0})
         obs = self._obs()
@@ -405,7 +407,7 @@ class CommBenchEnv(gym.Env, EzPickle):
                            "action": {"tool": act.tool if act else None, "files": act.files if act else {},
                                       "raw": None if act else str(action)[:2000]},
                            "meta": act.meta if act else {}, "observation": obs["feedback"],
-                           "judge_result": info["judge_result"], "reward": reward, "reward_parts": info["reward_parts"],
+                           "judge_result": result.model_dump(mode="json") if result else None, "reward": reward, "reward_parts": info["reward_parts"],
                            "turn_score": info["turn_score"], "sandbox_slot": info.get("sandbox"),
                            "terminated": terminated, "truncated": truncated, "step_s": info["step_s"],
                            "error": info.get("parse_error")})

@@ -1,4 +1,5 @@
-"""Turn a JudgeResult into the text an agent reads. Hidden cases are named by number, never by shape."""
+"""Turn a JudgeResult into the text an agent reads (`JudgeResult.feedback`, which renders its `public()` view:
+hidden cases by number, their mismatches without values)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ def _mismatch_line(m: "Mismatch") -> str:
     where = f"rank {m.rank}, output {m.output!r}"
     if m.index and not m.hidden:
         where += f", index {m.index}"
-    if m.reason in ("value", "nan"):
+    if m.reason in ("value", "nan") and m.hidden:
+        s = f"{where}: {'wrong values' if m.reason == 'value' else 'NaN where a number was expected'}"
+    elif m.reason in ("value", "nan"):
         s = f"{where}: expected {m.expected}, got {m.got}"
         if m.total_count and not m.hidden:
             s += f" ({m.wrong_count} of {m.total_count} elements wrong)"
@@ -34,20 +37,15 @@ def _mismatch_line(m: "Mismatch") -> str:
 
 
 def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
+    """The text of `r` as given (callers pass `r.public()` for an agent)."""
     lines = [f"[{r.mode}] verdict: {r.verdict.value} - {r.summary}"]
     if r.compile and r.compile.log and (not r.compile.ok or r.verdict.value in ("compile_error", "forbidden")):
         lines += ["", "compile log:", r.compile.log.strip()]
-    hidden_no = 0
     if r.cases:
         lines += ["", "cases:"]
         for c in r.cases:
-            if c.visible:
-                label = c.name
-            else:
-                hidden_no += 1
-                label = f"hidden #{hidden_no}"
             status = "PASS" if c.passed else "FAIL"
-            line = f"  {status} {label}"
+            line = f"  {status} {c.name}"
             if c.mismatch:
                 line += ": " + _mismatch_line(c.mismatch)
             elif c.error and not c.passed:

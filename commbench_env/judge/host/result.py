@@ -212,8 +212,38 @@ class JudgeResult(StrictModel):
     def case_fraction(self) -> float:
         return sum(c.passed for c in self.cases) / len(self.cases) if self.cases else 0.0
 
+    def public(self) -> "JudgeResult":
+        """What the agent may see of this result: hidden cases by number ("hidden #2") and pass or fail, their
+        names gone from every text (summary, errors, rank output) and their mismatches reduced to rank, output
+        and kind, with no index, expected or got value. The full result stays host-side (traces, trainers)."""
+        hidden = [c for c in self.cases if not c.visible]
+        labels = {c.name: f"hidden #{i}" for i, c in enumerate(hidden, 1)}
+        if not labels:
+            return self
+        order = sorted(labels, key=len, reverse=True)  # a name inside a longer one is replaced after it
+
+        def scrub(text: str | None) -> str | None:
+            if not text:
+                return text
+            for name in order:
+                text = text.replace(name, labels[name])
+            return text
+
+        cases = []
+        for c in self.cases:
+            if c.visible:
+                cases.append(c)
+                continue
+            mm = c.mismatch
+            if mm is not None:
+                mm = Mismatch(case=labels[c.name], rank=mm.rank, output=mm.output, reason=mm.reason, hidden=True)
+            cases.append(c.model_copy(update={"name": labels[c.name], "mismatch": mm, "error": scrub(c.error)}))
+        ranks = [k.model_copy(update={"stdout": scrub(k.stdout), "stderr": scrub(k.stderr), "stack": scrub(k.stack)})
+                 for k in self.ranks]
+        return self.model_copy(update={"summary": scrub(self.summary), "cases": cases, "ranks": ranks})
+
     def feedback(self, max_chars: int = 6000) -> str:
-        """Text for the agent. Hidden cases are named by number only: their shapes are never revealed."""
+        """Text for the agent, from `public()`: hidden cases are named by number only."""
         from .feedback import render_feedback
 
-        return render_feedback(self, max_chars=max_chars)
+        return render_feedback(self.public(), max_chars=max_chars)
