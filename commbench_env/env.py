@@ -61,6 +61,15 @@ def to_charset(text: str, limit: int = MAX_OBS_CHARS) -> str:
     return out if len(out) <= limit else out[: limit - 30] + "\n[... cut ...]"
 
 
+def _action_text(action: Any, limit: int = 2000) -> str:
+    """An unreadable action, as text for the trace, whatever it is (deep nesting and odd objects included)."""
+    try:
+        text = action if isinstance(action, str) else str(action)
+    except Exception:  # noqa: BLE001 - str() of an agent's object may raise anything
+        text = f"<{type(action).__name__} that cannot be shown>"
+    return text[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class EnvConfig(StrictModel):
     task: str = "collective/allreduce_ring"
     tasks: str | list[str] | None = Field(
@@ -338,7 +347,7 @@ class CommBenchEnv(gym.Env, EzPickle):
         terminated, result, parts = False, None, None
         final: float | None = None
         try:
-            act = parse_action(action, self.task.card.entry.file)
+            act = parse_action(action, self.task.card.entry.file, self.task.card.language.value)
         except ParseError as exc:
             act = None
             self.feedback = f"Could not parse the action: {exc}\n{ACTION_HELP}"
@@ -383,8 +392,8 @@ class CommBenchEnv(gym.Env, EzPickle):
                     final = parts.reward
                     self.feedback += f"\n\nTurn budget used up; your last code was scored: reward {final:.3f}"
                 self.done = terminated or truncated
-        except SandboxError:
-            self.turn -= 1  # the infrastructure failed, not the agent: this turn did not happen
+        except BaseException:  # the infrastructure failed (or the run was interrupted), not the agent:
+            self.turn -= 1  # this turn did not happen
             raise
         if self.done and final is None:
             final = 0.0  # the episode ended unscored
@@ -405,7 +414,7 @@ class CommBenchEnv(gym.Env, EzPickle):
         obs = self._obs()
         self._trace.write({"type": "step", "turn": self.turn,
                            "action": {"tool": act.tool if act else None, "files": act.files if act else {},
-                                      "raw": None if act else str(action)[:2000]},
+                                      "raw": None if act else _action_text(action)},
                            "meta": act.meta if act else {}, "observation": obs["feedback"],
                            "judge_result": result.model_dump(mode="json") if result else None, "reward": reward, "reward_parts": info["reward_parts"],
                            "turn_score": info["turn_score"], "sandbox_slot": info.get("sandbox"),

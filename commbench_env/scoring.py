@@ -9,17 +9,15 @@ trainers should skip such samples rather than score them as the model's fault.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from .actions import code_blocks
 from .cards import load_task
 from .errors import SandboxError
 from .runner import pick_world
-
-_FENCE = re.compile(r"```[A-Za-z0-9_+\-.]*[ \t]*\n(.*?)```", re.S)
 
 
 def completion_text(completion: Any) -> str:
@@ -43,7 +41,7 @@ def completion_text(completion: Any) -> str:
 def extract_code(completion: Any) -> str:
     """The solution file in a completion: its last fenced code block, or the whole text when it has none."""
     text = completion_text(completion)
-    blocks = _FENCE.findall(text)
+    blocks = code_blocks(text)
     return blocks[-1] if blocks else text
 
 

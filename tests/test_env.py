@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gymnasium
+import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
@@ -86,6 +87,44 @@ def test_garbage_actions_give_feedback_not_exceptions(env, action):
     assert r == 0.0 and not term
     assert "Could not parse the action" in obs["feedback"] or "No source yet" in obs["feedback"]
     assert env.observation_space.contains(obs)
+
+
+def _deep(n: int) -> dict:
+    d: dict = {}
+    for _ in range(n):
+        d = {"x": d}
+    return d
+
+
+@pytest.mark.parametrize("action,why", [
+    ({"tool": "check", "source": "def all_reduce(x):\n    return x  # \ud800\n"}, "not valid Unicode text"),
+    ({"tool": "check", "source": "def all_reduce(x):\n    return x\x00\n"}, "NUL character (line 2)"),
+    ({"tool": np.array([1, 2]), "source": "x = 1"}, "array of shape (2,)"),
+    ({"tool": "check", "source": "x = 1", "meta": _deep(5000)}, "not nested deeply"),
+    ('{"tool": "check", "meta": ' + '{"a": ' * 5000 + "1" + "}" * 5001, "nested too deeply"),
+    ([[[]]] * 3, "must be a dict or a string"),
+    ({"tool": "check", "source": b"x = 1"}, "must be text, got bytes"),
+])
+def test_bad_input_gives_feedback_and_never_a_lost_turn(env, action, why):
+    env.reset(seed=0)
+    obs, r, term, trunc, info = env.step(action)
+    assert why in obs["feedback"] and obs["turn"] == 1 and r == 0.0 and not (term or trunc)
+    assert env.observation_space.contains(obs)
+    obs, r, term, trunc, info = env.step({"tool": "check", "source": load_task(TASK).reference_source()})
+    assert info["verdict"] == "pass" and obs["turn"] == 2  # the episode goes on, counting every turn once
+    assert [s["turn"] for s in read_trace(env.unwrapped.trace_path).steps] == [1, 2]
+
+
+def test_a_message_fence_follows_the_task_language():
+    from commbench_env.actions import ParseError, parse_action
+
+    msg = "tool: check\n```{lang}\nbody\n```"
+    assert parse_action(msg.format(lang="cuda"), "solution.cu", "cuda").files == {"solution.cu": "body\n"}
+    assert parse_action(msg.format(lang=""), "solution.cu", "cuda").files == {"solution.cu": "body\n"}
+    assert parse_action(msg.format(lang="python"), "solution.py", "torch").files == {"solution.py": "body\n"}
+    assert parse_action(msg.format(lang="cuda"), "solution.py", "torch").files == {}  # no python block in it
+    with pytest.raises(ParseError, match="NUL"):
+        parse_action("tool: check\n```cuda\na\x00b\n```", "solution.cu", "cuda")
 
 
 def test_random_actions_from_the_space(env):

@@ -31,7 +31,6 @@ from __future__ import annotations
 import email.utils
 import json
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,7 +38,7 @@ from typing import Any, Literal
 from pydantic import Field
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from ..actions import TOOLS
+from ..actions import TOOLS, code_blocks, tool_named_in
 from ..config import StrictModel
 from ..errors import AgentError
 from .base import AgentCard
@@ -111,8 +110,6 @@ tool: <one of compile, check, benchmark, profile, sanitize, submit>
 Omit the code block to reuse the code you sent last.
 """
 
-_FENCE = re.compile(r"```[A-Za-z0-9_+\-.]*[ \t]*\n(.*?)```", re.S)
-_TOOL_LINE = re.compile(r"^\s*\**\s*tool\s*\**\s*[:=]\s*`?([A-Za-z]+)`?\s*$", re.M | re.I)
 
 
 # -- transcript -----------------------------------------------------------------------------------------
@@ -156,13 +153,10 @@ def summarise(feedback: str | None, lines: int) -> str:
 
 
 def parse_text_reply(text: str) -> tuple[str | None, str]:
-    """(tool or None, source) from a plain-text reply: a 'tool: <name>' line and the last fenced block."""
-    tool = None
-    for m in _TOOL_LINE.finditer(text or ""):
-        if m.group(1).lower() in TOOLS:
-            tool = m.group(1).lower()
-    blocks = _FENCE.findall(text or "")
-    return tool, (blocks[-1] if blocks else "")
+    """(tool or None, source) from a plain-text reply: its last 'tool: <name>' line and last fenced block (any
+    language tag), by the env's one grammar (actions.py)."""
+    blocks = code_blocks(text)
+    return tool_named_in(text), (blocks[-1] if blocks else "")
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
