@@ -106,6 +106,13 @@ class CaseSpec(StrictModel):
             raise ValueError(f"unknown dtype {v!r}; expected one of {', '.join(DTYPES)}")
         return v
 
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: list[int]) -> list[int]:
+        if any(d < 0 for d in v):
+            raise ValueError(f"shape {v} has a negative dimension; dimensions are >= 0")
+        return v
+
     def signature(self) -> tuple:
         return (tuple(self.shape), self.dtype, tuple(sorted((k, repr(v)) for k, v in self.params.items())))
 
@@ -136,6 +143,13 @@ class PerformanceSpec(StrictModel):
     gpu_warmup: int = Field(default=5, ge=0, description="warm-up calls per size in the cuda modes (nccl-tests -w)")
     gpu_iters: int = Field(default=20, ge=1, description="timed calls per size in the cuda modes (nccl-tests -n): "
                                                          "the median of 5 calls moved rewards by 0.04 between runs")
+
+    @field_validator("sizes", "gpu_sizes")
+    @classmethod
+    def _sizes(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(n < 0 for n in v):
+            raise ValueError(f"sizes {v} has a negative size; sizes are byte counts >= 0")
+        return v
 
     def sizes_for(self, device_mode: str) -> list[int]:
         return self.gpu_sizes if device_mode != "cpu" and self.gpu_sizes else self.sizes
@@ -253,8 +267,8 @@ class Task:
     def __init__(self, card: TaskCard, root: Path):
         self.card = card
         self.root = root
-        self.prompt = (root / PROMPT_FILE).read_text()
-        self.starter = (root / card.entry.starter).read_text()
+        self.prompt = _card_text(root / PROMPT_FILE, ascii_only=True)
+        self.starter = _card_text(root / card.entry.starter)
         self._reference_path = root / card.entry.reference
         self.hash = _hash_dir(root)
 
@@ -329,6 +343,24 @@ class Task:
         return "\n".join(lines) + "\n"
 
 
+def _card_text(path: Path, ascii_only: bool = False) -> str:
+    """A text file of a task, or a CardError naming it: not UTF-8, or (prompts) not ASCII, which the observation
+    space cannot carry."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise CardError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise CardError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    if ascii_only:
+        bad = next((i for i, c in enumerate(text) if ord(c) > 126 or (ord(c) < 32 and c not in "\n\t")), None)
+        if bad is not None:
+            line = text.count("\n", 0, bad) + 1
+            raise CardError(f"{path}: line {line} holds {text[bad]!r}; prompts are printable ASCII (the observation "
+                            "space is), so write it as ASCII")
+    return text
+
+
 def _fmt_bytes(n: int) -> str:
     for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= f and n % f == 0:
@@ -391,7 +423,26 @@ def list_task_ids(base: Path | None = None) -> list[str]:
 
 
 def load_all_tasks(base: Path | None = None) -> list[Task]:
-    return [load_task(t, base) for t in list_task_ids(base)]
+    """Every task that loads; broken cards are left out (`broken_tasks` lists them)."""
+    return [t for t in (_try_load(i, base) for i in list_task_ids(base)) if t is not None]
+
+
+def broken_tasks(base: Path | None = None) -> dict[str, str]:
+    """Task id -> why its card does not load (the file and field), for every broken card."""
+    out = {}
+    for task_id in list_task_ids(base):
+        try:
+            load_task(task_id, base)
+        except CardError as exc:
+            out[task_id] = str(exc)
+    return out
+
+
+def _try_load(task_id: str, base: Path | None) -> Task | None:
+    try:
+        return load_task(task_id, base)
+    except CardError:
+        return None
 
 
 def select_tasks(selector: str | None = None, *, category: str | None = None, difficulty: str | None = None,
@@ -401,6 +452,7 @@ def select_tasks(selector: str | None = None, *, category: str | None = None, di
 
     ids = list_task_ids(base)
     chosen: list[str]
+    named: set[str] = set()
     if not selector or selector == "all":
         chosen = ids
     else:
@@ -415,9 +467,13 @@ def select_tasks(selector: str | None = None, *, category: str | None = None, di
                 chosen += fnmatch.filter(ids, part)
             elif part in ids:
                 chosen.append(part)
+                named.add(part)
             else:
                 raise NotFoundError(f"task selector {part!r} matches nothing; try `commbench tasks`")
-    tasks = [load_task(i, base) for i in dict.fromkeys(chosen)]
+    # a task named by its id must load; one that a category, glob or set selects is left out if its card is
+    # broken, so one broken card never breaks a selection of unrelated tasks (`commbench tasks` lists it)
+    tasks = [t for i in dict.fromkeys(chosen)
+             if (t := load_task(i, base) if i in named else _try_load(i, base)) is not None]
     out = []
     for t in tasks:
         c = t.card

@@ -40,17 +40,18 @@ def tasks_cmd(category: Optional[str] = typer.Option(None, help="p2p | collectiv
               device_mode: Optional[str] = typer.Option(None, "--device-mode", help="cpu | cuda | cuda-shared"),
               as_json: bool = typer.Option(False, "--json", help="machine-readable list")) -> None:
     """List tasks, with filters."""
-    from .cards import select_tasks
+    from .cards import broken_tasks, select_tasks
 
     try:
         tasks = select_tasks("all", category=category, difficulty=difficulty, language=language, device_mode=device_mode)
+        broken = broken_tasks()
     except CommBenchError as exc:
         _fail(exc)
     if as_json:
         print(json.dumps([{"id": t.id, "title": t.card.title, "category": t.card.category.value,
                            "difficulty": t.card.difficulty.value, "language": t.card.language.value,
                            "device_modes": [m.value for m in t.card.world.device_modes], "hash": t.hash}
-                          for t in tasks], indent=1))
+                          for t in tasks] + [{"id": i, "broken": why} for i, why in broken.items()], indent=1))
         return
     table = Table(title=f"{len(tasks)} tasks")
     table.add_column("id", no_wrap=True)
@@ -62,6 +63,8 @@ def tasks_cmd(category: Optional[str] = typer.Option(None, help="p2p | collectiv
         table.add_row(t.id, c.title, c.category.value, c.difficulty.value, c.language.value,
                       ",".join(map(str, c.world.sizes)), ",".join(m.value for m in c.world.device_modes))
     console.print(table)
+    for task_id, why in broken.items():
+        console.print(f"[red]broken card[/red] {task_id}: {why}", markup=True, highlight=False)
 
 
 @app.command("show")
@@ -291,19 +294,24 @@ def validate_cmd(tasks: str = typer.Option("all", help="task selector"),
                  sandbox: str = typer.Option("local-cpu", help="sandbox profile"),
                  mode: str = typer.Option("check", help="check | full")) -> None:
     """Load every card and run every reference through the judge: all must pass."""
-    from .cards import select_tasks
+    from .cards import broken_tasks, select_tasks
     from .judge.host.client import JudgeClient
-    from .sandbox import open_sandbox
-
-    from .sandbox import load_profile
+    from .sandbox import load_profile, open_sandbox
 
     try:
         mode_of_sandbox = load_profile(sandbox).device_mode
-        selected = select_tasks(tasks, device_mode=mode_of_sandbox)  # tasks that can run in this sandbox
-    except CommBenchError as exc:
+        chosen = select_tasks(tasks)
+        broken = {i: why for i, why in broken_tasks().items() if tasks == "all" or i in tasks or
+                  any(i.startswith(p.strip() + "/") for p in tasks.split(","))}
+        sizes = [int(w) for w in worlds.split(",") if w.strip()]
+    except (CommBenchError, ValueError) as exc:
         _fail(exc)
-    sizes = [int(w) for w in worlds.split(",") if w.strip()]
-    failures = 0
+    selected = [t for t in chosen if mode_of_sandbox in {m.value for m in t.card.world.device_modes}]
+    skipped = [(t.id, f"runs in {', '.join(m.value for m in t.card.world.device_modes)}; sandbox {sandbox!r} is "
+                      f"{mode_of_sandbox!r}") for t in chosen if t not in selected]
+    skipped += [(t.id, f"world {w} is not among its sizes {t.card.world.sizes}") for t in selected for w in sizes
+                if w not in t.card.world.sizes and not any(x in t.card.world.sizes for x in sizes)]
+    failures = len(broken)
     table = Table(title="references")
     for col in ("task", "world", "verdict", "seconds"):
         table.add_column(col)
@@ -322,8 +330,13 @@ def validate_cmd(tasks: str = typer.Option("all", help="task selector"),
                               f"{res.timings.total_s:.2f}")
         client.close()
     console.print(table)
+    for task_id, why in skipped:
+        console.print(f"skipped {task_id}: {why}", highlight=False)
+    for task_id, why in broken.items():
+        err.print(f"[red]broken card[/] {task_id}: {why}", highlight=False)
+    console.print(f"{len(selected)} task(s) validated, {len(skipped)} skipped, {len(broken)} broken card(s)")
     if failures:
-        err.print(f"[bold red]{failures} reference run(s) failed[/]")
+        err.print(f"[bold red]{failures} reference run(s) failed or card(s) broken[/]")
         raise typer.Exit(1)
 
 

@@ -43,6 +43,10 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise CardError(f"{path}: file not found") from exc
     except tomllib.TOMLDecodeError as exc:
         raise CardError(f"{path}: not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise CardError(f"{path}: not UTF-8 text (byte {exc.start}); a card is a TOML text file") from None
+    except OSError as exc:
+        raise CardError(f"{path}: cannot be read: {exc.strerror or exc}") from None
 
 
 def load_model(model: type[M], data: dict[str, Any], path: Path | str) -> M:
