@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -223,7 +224,9 @@ def eval_cmd(agent: str = typer.Option(..., help="agent card name or path"),
                 progress.advance(bar)
                 status = data.get("verdict") or data.get("status")
                 progress.console.print(f"  {data['key']}: {status}, reward {data.get('reward', 0.0):.3f}"
-                                       + (f" (infra error: {data.get('error', '')[:80]})" if data["status"] != "done" else ""))
+                                       + (f" ({data['status']}: {data.get('error', '')[:80]})" if data["status"] != "done" else ""))
+            elif kind == "stopping":
+                progress.console.print("[yellow]stopping: queued episodes cancelled, playing ones closed[/]")
             elif kind == "infra_error":
                 progress.console.print(f"  [yellow]{data['key']}: infrastructure error, retrying[/] ({data['error'][:100]})")
 
@@ -232,6 +235,12 @@ def eval_cmd(agent: str = typer.Option(..., help="agent card name or path"),
                      max_turns=max_turns, on_event=on_event, backend=backend, ray_options=ray_options)
         except CommBenchError as exc:
             _fail(exc)
+        except KeyboardInterrupt:
+            progress.stop()
+            err.print(f"stopped: finished episodes are in {out / 'results.jsonl'}, the others marked interrupted; "
+                      "run the same command again to play only those")
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(130)  # an agent call still in flight (an LLM request) is not waited for
     console.print(f"done: {out / 'results.jsonl'}; `commbench report {out}` summarises it")
 
 
@@ -445,13 +454,18 @@ def sandbox_build(profile: str = typer.Argument(..., help="a docker profile, e.g
 
 @sandbox_app.command("prune")
 def sandbox_prune(all_: bool = typer.Option(False, "--all", help="remove every commbench container, not only orphans")) -> None:
-    """Remove commbench containers whose owner process is gone (left by a killed run)."""
-    from .sandbox.docker_backend import prune
+    """Remove what a killed run left: commbench containers and local sandbox folders whose owner process is gone."""
+    from .sandbox.local import prune_folders
 
+    folders = prune_folders()
+    console.print(f"removed {len(folders)} local sandbox folder(s)" + (f": {', '.join(folders)}" if folders else ""))
     try:
+        from .sandbox.docker_backend import prune
+
         removed = prune(all_containers=all_)
-    except CommBenchError as exc:
-        _fail(exc)
+    except (CommBenchError, ImportError) as exc:
+        console.print(f"no containers looked at: {str(exc).splitlines()[0]}")
+        return
     console.print(f"removed {len(removed)} container(s)" + (f": {', '.join(removed)}" if removed else ""))
 
 
@@ -486,7 +500,15 @@ def agents_cmd() -> None:
     console.print(table)
 
 
+def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM stops a command the way Ctrl-C does: queued episodes cancelled, sandboxes closed, records written."""
+    raise KeyboardInterrupt
+
+
 def main() -> None:  # pragma: no cover
+    import signal
+
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         app()
     except KeyboardInterrupt:

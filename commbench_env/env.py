@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import string
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Executor
@@ -146,6 +147,7 @@ class CommBenchEnv(gym.Env, EzPickle):
         self._slot: Slot | None = None
         self._recycle: str | None = None
         self._trace: TraceWriter | None = None
+        self._trace_lock = threading.Lock()  # close() may come from another thread (a run being stopped)
         self.trace_path: Path | None = None
         self._closed = False
         self._reset_state()
@@ -231,12 +233,17 @@ class CommBenchEnv(gym.Env, EzPickle):
         self._judge, self._sandbox = None, None
 
     def _finish_trace(self, verdict: str | None) -> None:
-        if self._trace is not None:
-            self._trace.write({"type": "episode_end", "reward": self.final_reward or 0.0, "return": self.episode_reward,
-                               "turn_rewards": self.credit.turn_rewards(), "turns": self.turn,
-                               "final_verdict": verdict, "duration_s": time.monotonic() - self.t_episode})
-            self._trace.close()
-            self._trace = None
+        """The trace's end record. An episode closed or reset before it ended is `interrupted`: no final verdict
+        and no reward, whatever its last check said (a resumed run plays it again)."""
+        with self._trace_lock:
+            trace, self._trace = self._trace, None
+        if trace is not None:
+            status = "finished" if self.done else "interrupted"
+            trace.write({"type": "episode_end", "status": status, "reward": self.final_reward or 0.0,
+                         "return": self.episode_reward, "turn_rewards": self.credit.turn_rewards(),
+                         "turns": self.turn, "final_verdict": verdict if self.done else None,
+                         "duration_s": time.monotonic() - self.t_episode})
+            trace.close()
 
     # -- pooled sandboxes ----------------------------------------------------------------------------------
     def _slot_info(self) -> dict[str, Any] | None:
@@ -412,7 +419,10 @@ class CommBenchEnv(gym.Env, EzPickle):
                      "reward_parts": parts.model_dump() if parts else None, "turn_score": self.credit.scores[-1],
                      "verdict": result.verdict.value if result else None, "step_s": time.monotonic() - t0})
         obs = self._obs()
-        self._trace.write({"type": "step", "turn": self.turn,
+        trace = self._trace
+        if trace is None:  # closed meanwhile (a run being stopped): this turn is not recorded as played
+            raise SandboxError("the env was closed while this step ran")
+        trace.write({"type": "step", "turn": self.turn,
                            "action": {"tool": act.tool if act else None, "files": act.files if act else {},
                                       "raw": None if act else _action_text(action)},
                            "meta": act.meta if act else {}, "observation": obs["feedback"],

@@ -25,3 +25,8 @@ class JudgeInfraError(SandboxError):
 
 class AgentError(CommBenchError):
     """The model provider refused or failed (bad key, bad request, retries exhausted); the message says what to fix."""
+
+
+class Interrupted(Exception):
+    """The run was asked to stop (Ctrl-C, SIGTERM) before this episode finished: recorded as interrupted, never
+    scored, and played again when the run resumes. Not a CommBenchError: nothing was wrong."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .agents import AgentCard, load_agent, load_agent_card
 from .cards import Task
 from .env import CommBenchEnv
-from .errors import CardError, CommBenchError, SandboxError
+from .errors import CardError, CommBenchError, Interrupted, SandboxError
 from .runner import pick_world, play_episode
 from .sandbox import SandboxProfile, load_profile
 from .trace import read_trace
@@ -64,36 +64,86 @@ def _gpu_budget(profile_name: str, world: int, parallel: int) -> int:
     return max(1, min(parallel, gpus // max(1, world)))
 
 
+class StopSignal:
+    """Asked to stop: a run's episodes check it between turns, and the envs playing now are closed, so their
+    sandboxes go (containers removed) and a judge run in flight fails fast instead of finishing."""
+
+    def __init__(self) -> None:
+        self._set = threading.Event()
+        self._lock = threading.Lock()
+        self._envs: set[CommBenchEnv] = set()
+
+    def __call__(self) -> bool:
+        return self._set.is_set()
+
+    def set(self) -> None:
+        self._set.set()
+        with self._lock:
+            envs = list(self._envs)
+        for env in envs:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - stopping goes on whatever one env says
+                pass
+
+    def watch(self, env: CommBenchEnv) -> None:
+        with self._lock:
+            self._envs.add(env)
+        if self():
+            env.close()
+
+    def forget(self, env: CommBenchEnv) -> None:
+        with self._lock:
+            self._envs.discard(env)
+
+
+def interrupted_record(task: Task, key: EpisodeKey, t0: float, why: str = "") -> dict[str, Any]:
+    return {"key": str(key), "status": "interrupted", "task_id": task.id, "sample": key.sample,
+            "error": why or "the run was stopped", "duration_s": time.monotonic() - t0}
+
+
 def play_eval_episode(task: Task, key: EpisodeKey, card: AgentCard, *, sandbox: str | SandboxProfile, trace_dir: Path,
                       world: int | None = None, max_turns: int | None = None, infra_retries: int = 2,
                       agent_params: dict[str, Any] | None = None,
-                      emit: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                      emit: Callable[[str, dict[str, Any]], None] | None = None,
+                      stop: StopSignal | None = None) -> dict[str, Any]:
     """Play one (task, sample) episode of an evaluation run; returns its line of results.jsonl.
 
     Infrastructure failures (SandboxError) are retried with a fresh env and sandbox, and their partial traces
-    removed; after `infra_retries` retries the record says `infra_error` and is never scored. The local thread pool
-    and the Ray backend (`ray_backend.py`) both play episodes through this function.
+    removed; after `infra_retries` retries the record says `infra_error` and is never scored. A run being stopped
+    (`stop`) ends the episode as `interrupted`. The local thread pool and the Ray backend (`ray_backend.py`) both
+    play episodes through this function.
     """
     emit = emit or (lambda kind, data: None)
+    stop = stop or StopSignal()
     attempts, last_error = 0, ""
     t0 = time.monotonic()
     while attempts <= infra_retries:
+        if stop():
+            return interrupted_record(task, key, t0)
         attempts += 1
         env = CommBenchEnv(task=task, sandbox=sandbox, max_turns=max_turns or card.max_turns or 8,
                            world_size=pick_world(task, world), agent=card.model_dump(), trace_dir=str(trace_dir))
         player = load_agent(card, **(agent_params or {}))
+        stop.watch(env)
         try:
             emit("start", {"key": str(key), "attempt": attempts})
-            summary = play_episode(env, player, on_turn=lambda n, info: emit("turn", {"key": str(key), "turn": n,
-                                                                                     "verdict": info.get("verdict")}))
+            summary = play_episode(env, player, should_stop=stop,
+                                   on_turn=lambda n, info: emit("turn", {"key": str(key), "turn": n,
+                                                                         "verdict": info.get("verdict")}))
             return {"key": str(key), "status": "done", "sample": key.sample, "attempts": attempts,
                     **summary.as_dict(), "duration_s": time.monotonic() - t0}
+        except Interrupted as exc:
+            return interrupted_record(task, key, t0, str(exc))
         except SandboxError as exc:  # infrastructure, not the agent: try again with a fresh sandbox
+            if stop():  # the sandbox was taken away because the run is stopping
+                return interrupted_record(task, key, t0)
             last_error = f"{type(exc).__name__}: {exc}"
             if env.trace_path and env.trace_path.exists():
                 env.trace_path.unlink()
             emit("infra_error", {"key": str(key), "attempt": attempts, "error": last_error})
         finally:
+            stop.forget(env)
             player.close()
             env.close()
     return {"key": str(key), "status": "infra_error", "task_id": task.id, "sample": key.sample,
@@ -132,12 +182,14 @@ def run_eval(agent: AgentCard | str, tasks: list[Task], *, sandbox: str, out: Pa
     emit("plan", {"total": len(tasks) * samples, "skipped": len(tasks) * samples - len(todo), "todo": len(todo)})
     lock = threading.Lock()
     records: list[dict[str, Any]] = []
+    recorded: set[str] = set()
 
     def record(rec: dict[str, Any]) -> None:
         with lock:
             with open(out / RESULTS, "a") as fh:
                 fh.write(json.dumps(rec) + "\n")
             records.append(rec)
+            recorded.add(rec["key"])
         emit("done", rec)
 
     if backend == "ray":
@@ -151,29 +203,70 @@ def run_eval(agent: AgentCard | str, tasks: list[Task], *, sandbox: str, out: Pa
         return records
 
     workers = _gpu_budget(sandbox, max((pick_world(t, world) for t in tasks), default=1), parallel)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(play_eval_episode, t, k, card, sandbox=sandbox, trace_dir=out / "traces", world=world,
-                               max_turns=max_turns, infra_retries=infra_retries, agent_params=agent_params,
-                               emit=emit): k for t, k in todo}
+    stop = StopSignal()
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode")
+    futures = {pool.submit(play_eval_episode, t, k, card, sandbox=sandbox, trace_dir=out / "traces", world=world,
+                           max_turns=max_turns, infra_retries=infra_retries, agent_params=agent_params,
+                           emit=emit, stop=stop): (t, k) for t, k in todo}
+    try:
         for fut in as_completed(futures):
-            try:
-                rec = fut.result()
-            except CommBenchError as exc:  # a card or agent problem: stop the run, say what is wrong
-                for f in futures:
-                    f.cancel()
-                raise exc
-            record(rec)
+            record(fut.result())
+    except BaseException as exc:  # Ctrl-C, SIGTERM (the CLI raises KeyboardInterrupt), or a card/agent problem
+        _stop_run(pool, futures, stop, record, recorded, emit, exc)
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     return records
 
 
+STOP_GRACE_S = 12.0  # how long a stopping run waits for its playing episodes to notice and write their records
+
+
+def _stop_run(pool: ThreadPoolExecutor, futures: dict, stop: StopSignal, record: Callable[[dict[str, Any]], None],
+              recorded: set[str], emit: Callable[[str, dict[str, Any]], None], why: BaseException) -> None:
+    """Cancel the queued episodes, stop the playing ones (their sandboxes closed) and write what each came to:
+    finished ones as done, the rest as interrupted; a later run with the same command plays only those."""
+    emit("stopping", {"why": type(why).__name__})
+    pool.shutdown(wait=False, cancel_futures=True)
+    stop.set()
+    t_stop = time.monotonic()
+    deadline = t_stop + STOP_GRACE_S
+    for fut, (task, key) in futures.items():
+        if fut.cancelled() or str(key) in recorded:
+            continue
+        try:
+            rec = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        except BaseException as exc:  # noqa: BLE001 - still running past the grace, or failed while stopping
+            rec = interrupted_record(task, key, t_stop, f"stopped ({type(exc).__name__})")
+        record(rec)
+
+
 def load_run_traces(run_dir: Path) -> list[Any]:
-    """Complete traces of a run folder (the report's only input)."""
+    """The traces a run's report counts: one per (task, sample), the one results.jsonl names for a finished
+    episode (an episode interrupted and played again on resume leaves two traces; only the finished one counts).
+    A folder without results.jsonl (`commbench run`) counts every trace of an episode that ended."""
+    traces_dir = run_dir / "traces"
+    if not traces_dir.is_dir():
+        return []
+    ledger = run_dir / RESULTS
+    if ledger.is_file():
+        chosen: dict[str, Path] = {}
+        for line in ledger.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("status") == "done" and rec.get("trace_path"):
+                chosen[rec["key"]] = traces_dir / Path(rec["trace_path"]).name
+        paths = sorted(chosen.values())
+    else:
+        paths = sorted(traces_dir.glob("*.jsonl"))
     traces = []
-    for p in sorted((run_dir / "traces").glob("*.jsonl")) if (run_dir / "traces").is_dir() else []:
+    for p in paths:
         try:
             t = read_trace(p)
         except (OSError, ValueError):
             continue
-        if t.complete:
+        if t.complete and (t.end or {}).get("status", "finished") == "finished":
             traces.append(t)
     return traces

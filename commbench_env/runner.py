@@ -11,6 +11,7 @@ from typing import Any
 from .agents import Agent, AgentCard, load_agent, load_agent_card
 from .cards import Task
 from .env import CommBenchEnv
+from .errors import Interrupted
 from .reward import RewardConfig
 
 
@@ -36,15 +37,23 @@ class EpisodeSummary:
 
 
 def play_episode(env: CommBenchEnv, agent: Agent, *, options: dict[str, Any] | None = None, seed: int | None = None,
-                 on_turn: Callable[[int, dict[str, Any]], None] | None = None) -> EpisodeSummary:
+                 on_turn: Callable[[int, dict[str, Any]], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> EpisodeSummary:
+    """Play one episode to its end; `should_stop()` is asked before every agent call and judge run, and a True
+    ends the episode as interrupted (`Interrupted`, its trace marked so)."""
     t0 = time.monotonic()
+    stop = should_stop or (lambda: False)
     obs, info = env.reset(seed=seed, options=options)
     agent.reset(obs, info)
     reward = 0.0
     last: dict[str, Any] = {}
     terminated = truncated = False
     while not (terminated or truncated):
+        if stop():
+            raise Interrupted(f"{env.task.id}: stopped before turn {env.turn + 1}")
         action = agent.act(obs, info)
+        if stop():
+            raise Interrupted(f"{env.task.id}: stopped before turn {env.turn + 1}")
         obs, reward, terminated, truncated, info = env.step(action)
         last = info
         if on_turn:

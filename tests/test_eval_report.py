@@ -140,3 +140,56 @@ def test_killed_eval_resumes_with_only_the_missing_episodes(tmp_path):
     assert f"{len(done_before)} episode(s) already done" in again.stdout
     keys = [json.loads(x)["key"] for x in results.read_text().splitlines() if x.strip()]
     assert sorted(keys) == sorted(set(keys)) and len(keys) == 3  # each episode exactly once
+
+
+def _wait_for_lines(path, n: int, timeout: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (path.is_file() and len(path.read_text().splitlines()) >= n):
+        time.sleep(0.1)
+    assert path.is_file() and len(path.read_text().splitlines()) >= n, f"no {n} line(s) in {path} in {timeout} s"
+
+
+def test_ctrl_c_stops_eval_within_seconds_and_the_rerun_counts_each_episode_once(tmp_path):
+    """Ctrl-C (SIGINT to the process group) while the second of three episodes plays: the run stops within 20 s,
+    writes the finished episode as done and the playing one as interrupted (never pass), leaves no sandbox
+    process behind; the same command again plays only what is missing, and the report counts each once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from commbench_env.evaluation import load_run_traces
+    from commbench_env.trace import read_trace
+
+    tasks = "collective/allreduce_ring,p2p/ring_shift,utility/barrier_p2p"
+    cmd = [sys.executable, "-m", "commbench_env.cli", "eval", "--agent", "reference", "--tasks", tasks,
+           "--world", "2", "--out", str(tmp_path)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    results = tmp_path / RESULTS
+    _wait_for_lines(results, 1, 300)
+    time.sleep(1.0)  # the second episode is playing now
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGINT)
+    out, errs = p.communicate(timeout=60)
+    stopped_s = time.monotonic() - t0
+    assert stopped_s < 20, f"took {stopped_s:.1f} s to stop"
+    assert p.returncode == 130, errs
+    assert "run the same command again" in errs
+    recs = [json.loads(x) for x in results.read_text().splitlines()]
+    statuses = {r["key"]: r["status"] for r in recs}
+    assert list(statuses.values()).count("done") >= 1 and "interrupted" in statuses.values(), statuses
+    for trace in sorted((tmp_path / "traces").glob("*.jsonl")):
+        t = read_trace(trace)
+        if t.end and t.end.get("status") == "interrupted":
+            assert t.end["final_verdict"] is None and t.end["reward"] == 0.0
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not leftover, f"processes of the stopped run still run: {leftover}"
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    done = [json.loads(x) for x in results.read_text().splitlines() if json.loads(x)["status"] == "done"]
+    assert sorted(r["key"] for r in done) == sorted(f"{t}#0" for t in tasks.split(","))
+    counted = load_run_traces(tmp_path)
+    assert sorted(t.task_id for t in counted) == sorted(tasks.split(","))  # each (task, sample) once

@@ -35,6 +35,29 @@ def _cut(data: bytes, limit: int) -> tuple[str, bool]:
             + data[-half:].decode(errors="replace")), True
 
 
+FOLDER_PREFIX = "commbench-sandbox-"
+
+
+def prune_folders() -> list[str]:
+    """Remove the local sandbox folders whose owner process is gone (a killed run leaves its folder behind; its
+    processes die with it). Folders of live processes are kept."""
+    removed = []
+    for d in sorted(Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*")):
+        pid = d.name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if not d.is_dir() or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # the owner lives
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(str(d))
+    return removed
+
+
 class LocalSandbox(Sandbox):
     def __init__(self, profile: SandboxProfile):
         self.profile = profile
@@ -44,7 +67,8 @@ class LocalSandbox(Sandbox):
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
         if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="commbench-"))
+            # the owner's pid in the name: `commbench sandbox prune` removes folders whose owner was killed
+            self._dir = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
             (self._dir / "tmp").mkdir()
 
     def close(self) -> None:
