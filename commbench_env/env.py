@@ -24,7 +24,7 @@ from .actions import ACTION_HELP, MAX_SOURCE_CHARS, TOOL_TO_MODE, TOOLS, ParseEr
 from .cards import Task, load_task, select_tasks
 from .config import StrictModel
 from .errors import CardError, SandboxError
-from .judge.host.client import JudgeClient
+from .judge.host.client import JudgeClient, require_gpus
 from .judge.host.result import JudgeResult, SizeResult
 from .paths import cache_dir
 from .reference import reference_figures
@@ -326,6 +326,7 @@ class CommBenchEnv(gym.Env, EzPickle):
             hardware = self._slot.sandbox.hardware()
         else:
             hardware = self._pool.hardware(self.world_size)
+        require_gpus(self.task, self.profile.device_mode, self.world_size, hardware, self.profile.name)
         trace_dir = Path(self.config.trace_dir) if self.config.trace_dir else cache_dir() / "traces"
         self.trace_path, episode_id = new_trace_path(trace_dir, self.task.id)
         self._trace = TraceWriter(self.trace_path)

@@ -23,6 +23,11 @@ class JudgeInfraError(SandboxError):
     """The judge could not produce a result for reasons outside the candidate's control."""
 
 
+class UnservableError(CommBenchError):
+    """This host or sandbox cannot serve the request (a device mode or tool it lacks): raised before anything
+    runs, never scored, never retried; the message names what would serve it."""
+
+
 class AgentError(CommBenchError):
     """The model provider refused or failed (bad key, bad request, retries exhausted); the message says what to fix."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from .judge.host.client import JudgeClient
 from .judge.host.result import SizeResult, Verdict
 from .reward import scored
 from .paths import cache_dir
-from .sandbox import open_sandbox
+from .sandbox import SandboxProfile, open_sandbox
 
 # Bump when the judge's way of timing changes: a figure measured one way must never be the yardstick for another
 # (2: GPU calls timed back-to-back after a warm-up, nccl-tests' iteration counts on GPUs, median of 3 runs;
@@ -21,9 +22,18 @@ TIMING_VERSION = 4  # 4: CPU calls timed by the coordinator (release to samples)
 GPU_RUNS = 3  # reference runs on a GPU; each size keeps its median run (one run's outliers moved rewards by 0.04)
 
 
-def _cache_path(task: Task, fingerprint: str, world: int, device_mode: str) -> Path:
+def limits_key(profile: SandboxProfile) -> str:
+    """What of a sandbox profile moves timings beyond the hardware: its CPU, memory and thread limits."""
+    d = profile.docker
+    key = json.dumps([profile.backend, profile.threads_per_rank, profile.limits.memory_mb,
+                      d.cpus if profile.backend == "docker" else None,
+                      d.memory_mb if profile.backend == "docker" else None])
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def _cache_path(task: Task, fingerprint: str, world: int, device_mode: str, limits: str) -> Path:
     safe = task.id.replace("/", "__")
-    return (cache_dir() / "reference" / f"t{TIMING_VERSION}" / fingerprint
+    return (cache_dir() / "reference" / f"t{TIMING_VERSION}" / f"{fingerprint}-{limits}"
             / f"{safe}-{task.hash}-w{world}-{device_mode}.json")
 
 
@@ -42,7 +52,7 @@ def reference_figures(client: JudgeClient, task: Task, world: int, *, refresh: b
     in the client's own, where candidate code has run: a candidate must not move its own yardstick."""
     hw = client.sandbox.hardware()
     mode = client.sandbox.profile.device_mode
-    path = _cache_path(task, hw.fingerprint, world, mode)
+    path = _cache_path(task, hw.fingerprint, world, mode, limits_key(client.sandbox.profile))
     if path.is_file() and not refresh:
         try:
             return [SizeResult.model_validate(s) for s in json.loads(path.read_text())["sizes"]]

@@ -65,9 +65,11 @@ def test_check_without_a_gpu_is_a_clear_error(evaluate):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
+    from commbench_env.errors import UnservableError
+
     task = CUDA_TASKS[0]
-    res = evaluate(task, mode="check", device_mode=_mode(task))
-    assert res.verdict == Verdict.runtime_error and "GPU" in res.summary
+    with pytest.raises(UnservableError, match=r"needs \d NVIDIA GPU.*sees 0.*local-gpu"):
+        evaluate(task, mode="check", device_mode=_mode(task))  # said before anything runs, never a verdict
 
 
 @pytest.mark.parametrize("name", sorted(FAULTS))

@@ -232,3 +232,32 @@ def test_replay_cli_reports_matching_verdicts(trace_dir):
     one = subprocess.run([sys.executable, "-m", "commbench_env.cli", "replay", path, "--turn", "2"],
                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "200"})
     assert one.returncode == 0 and one.stdout.count("yes") == 1
+
+
+def test_a_gpu_profile_on_a_host_without_gpus_is_refused_before_anything_runs(trace_dir):
+    import torch
+
+    from commbench_env.errors import UnservableError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    env = CommBenchEnv(task="utility/allgather_varlen", sandbox="local-gpu-shared", world_size=2,
+                       trace_dir=str(trace_dir))
+    try:
+        with pytest.raises(UnservableError, match="local-gpu-shared' sees 0"):
+            env.reset()
+    finally:
+        env.close()
+    assert not list(trace_dir.glob("*.jsonl"))  # no episode was started
+
+
+def test_reference_figures_are_kept_apart_by_sandbox_limits():
+    from commbench_env.reference import limits_key
+    from commbench_env.sandbox import load_profile
+
+    cpu = load_profile("local-cpu")
+    assert limits_key(cpu) == limits_key(load_profile("local-cpu"))
+    assert limits_key(cpu) != limits_key(cpu.model_copy(update={"threads_per_rank": 7}))
+    docker = load_profile("docker-cpu")
+    assert limits_key(docker) != limits_key(docker.model_copy(update={
+        "docker": docker.docker.model_copy(update={"cpus": 1.5})}))

@@ -63,8 +63,13 @@ def test_an_env_on_a_gpu_takes_it_for_each_judge_run_only(tmp_path, monkeypatch)
 
     from commbench_env.sandbox import gpus
 
+    from commbench_env.sandbox import HardwareInfo
+    from commbench_env.sandbox.local import LocalSandbox
+
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # one GPU, as nvidia-smi would list it (its ranks never run here)
     monkeypatch.setattr(gpus, "LOCK_DIR", tmp_path / "gpu-locks")
+    # the sandbox must report that GPU too, or the env refuses the GPU profile before anything runs (UnservableError)
+    monkeypatch.setattr(LocalSandbox, "hardware", lambda self: HardwareInfo(backend="local", gpus=["stand-in GPU"]))
     task = load_task("utility/allgather_varlen")
     env = CommBenchEnv(task=task, sandbox="local-gpu-shared", world_size=2, max_turns=4)
     try:

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Mapping
 
 from ...cards import Task
-from ...errors import CardError, JudgeInfraError, SandboxError
-from ...sandbox import Sandbox
+from ...errors import CardError, JudgeInfraError, SandboxError, UnservableError
+from ...sandbox import HardwareInfo, Sandbox
 from .request import JudgeRequest
 from .result import JudgeResult, Mode
 from ..__main__ import RESULT_MARK, judge_command
@@ -28,6 +28,18 @@ def source_hash(files: Mapping[str, str]) -> str:
     for name in sorted(files):
         h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
     return h.hexdigest()[:16]
+
+
+def require_gpus(task: Task, device_mode: str, world_size: int, hardware: HardwareInfo, profile: str) -> None:
+    """Raise UnservableError if `hardware` has fewer GPUs than `task` needs in `device_mode` at `world_size`."""
+    if device_mode not in ("cuda", "cuda-shared"):
+        return
+    need = world_size if device_mode == "cuda" else 1
+    if len(hardware.gpus) < need:
+        raise UnservableError(
+            f"{task.id} in device mode {device_mode!r} at world {world_size} needs {need} NVIDIA GPU(s); sandbox "
+            f"profile {profile!r} sees {len(hardware.gpus)}. Run it on a GPU host (profiles local-gpu, "
+            "local-gpu-shared, docker-gpu); mode 'compile' builds without a GPU")
 
 
 class JudgeClient:
@@ -71,6 +83,7 @@ class JudgeClient:
         why = task.unsupported(mode)
         if why:
             raise CardError(f"{task.id}: {why}")
+        self.require_devices(task, mode, world_size, device_mode)
         eval_dir = os.path.join(self.sandbox.workdir, "evals", uuid.uuid4().hex[:12])
         self.sandbox.write_files(dict(files), base=os.path.join(eval_dir, "candidate"))
         prof = self.sandbox.profile
@@ -95,6 +108,13 @@ class JudgeClient:
                 return result
         why = "timed out" if res.timed_out else f"exited with code {res.returncode}"
         raise JudgeInfraError(f"the judge {why} without a result:\n{res.stderr[-3000:]}")
+
+    def require_devices(self, task: Task, mode: str, world_size: int, device_mode: str | None = None) -> None:
+        """Raise UnservableError if this sandbox lacks the GPUs a run of `task` in `mode` needs (compiling needs
+        none): said before anything runs, instead of a run failing as if the candidate were wrong."""
+        dev = device_mode or self.sandbox.profile.device_mode
+        if mode != "compile":
+            require_gpus(task, dev, world_size, self.sandbox.hardware(), self.sandbox.profile.name)
 
     def close(self) -> None:
         if self._server_socket and self.sandbox.alive:
