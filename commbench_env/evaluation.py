@@ -241,6 +241,24 @@ def _stop_run(pool: ThreadPoolExecutor, futures: dict, stop: StopSignal, record:
         record(rec)
 
 
+def unscored_episodes(run_dir: Path) -> dict[str, int]:
+    """Episodes of a run that never finished, by why (`infra_error`, `interrupted`): counted apart, never scored."""
+    last: dict[str, str] = {}
+    ledger = run_dir / RESULTS
+    for line in ledger.read_text().splitlines() if ledger.is_file() else []:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("status") == "done" or last.get(rec.get("key")) != "done":
+            last[rec.get("key")] = rec.get("status", "?")
+    out: dict[str, int] = {}
+    for status in last.values():
+        if status != "done":
+            out[status] = out.get(status, 0) + 1
+    return out
+
+
 def load_run_traces(run_dir: Path) -> list[Any]:
     """The traces a run's report counts: one per (task, sample), the one results.jsonl names for a finished
     episode (an episode interrupted and played again on resume leaves two traces; only the finished one counts).

@@ -16,7 +16,7 @@ from statistics import mean
 from typing import Any
 
 from .cards import geomean
-from .evaluation import load_run_traces
+from .evaluation import load_run_traces, unscored_episodes
 from .trace import Trace
 
 
@@ -80,6 +80,7 @@ class RunMetrics:
     tokens_per_episode: float = 0.0
     cost_per_episode: float = 0.0
     by: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    unscored: dict[str, int] = field(default_factory=dict)  # episodes that never finished, by why (never scored)
 
 
 def metrics(episodes: list[Episode], run: str) -> RunMetrics:
@@ -135,6 +136,11 @@ def markdown(all_metrics: list[RunMetrics]) -> str:
                "-" if m.turns_to_first_pass is None else f"{m.turns_to_first_pass:.2f}",
                f"{m.tokens_per_episode:.0f}", f"{m.cost_per_episode:.4f}"]
         lines.append("| " + " | ".join(row) + " |")
+    unscored = [m for m in all_metrics if m.unscored]
+    if unscored:
+        lines += ["", "Not scored (never finished; left out of every figure above, played again on resume): "
+                  + "; ".join(f"{m.run}: " + ", ".join(f"{n} {why}" for why, n in sorted(m.unscored.items()))
+                              for m in unscored)]
     for dim in ("category", "difficulty", "language"):
         groups = sorted({g for m in all_metrics for g in m.by.get(dim, {})})
         lines += ["", f"## By {dim} (pass rate / mean reward)", "",
@@ -200,6 +206,8 @@ def plots(runs: dict[str, list[Episode]], all_metrics: list[RunMetrics], out: Pa
 def build_report(dirs: list[Path], out: Path) -> tuple[list[RunMetrics], Path, list[Path]]:
     runs = load_runs(dirs)
     all_metrics = [metrics(eps, name) for name, eps in runs.items()]
+    for m, d in zip(all_metrics, dirs):
+        m.unscored = unscored_episodes(d)
     out.mkdir(parents=True, exist_ok=True)
     md = out / "report.md"
     md.write_text(markdown(all_metrics))
@@ -209,4 +217,4 @@ def build_report(dirs: list[Path], out: Path) -> tuple[list[RunMetrics], Path, l
 def as_rows(m: RunMetrics) -> dict[str, Any]:
     return {"run": m.run, "agent": m.agent, "episodes": m.episodes, "mean_reward": m.mean_reward,
             "pass_rate": m.pass_rate, "pass_good": m.pass_good, "gm_speedup": m.gm_speedup, "pass_x_gm": m.pass_x_gm,
-            **{f"pass@{k}": v for k, v in m.pass_at.items()}}
+            **{f"pass@{k}": v for k, v in m.pass_at.items()}, "unscored": dict(m.unscored)}

@@ -187,8 +187,12 @@ def test_ctrl_c_stops_eval_within_seconds_and_the_rerun_counts_each_episode_once
             assert t.end["final_verdict"] is None and t.end["reward"] == 0.0
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert not leftover, f"processes of the stopped run still run: {leftover}"
+    from commbench_env.evaluation import unscored_episodes
+
+    assert unscored_episodes(tmp_path).get("interrupted", 0) >= 1  # counted apart, never scored
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
+    assert unscored_episodes(tmp_path) == {}
     done = [json.loads(x) for x in results.read_text().splitlines() if json.loads(x)["status"] == "done"]
     assert sorted(r["key"] for r in done) == sorted(f"{t}#0" for t in tasks.split(","))
     counted = load_run_traces(tmp_path)
