@@ -23,6 +23,7 @@ from pydantic import Field
 from .actions import ACTION_HELP, MAX_SOURCE_CHARS, TOOL_TO_MODE, TOOLS, ParseError, parse_action
 from .cards import Task, load_task, select_tasks
 from .config import StrictModel
+from .episode import StepOutcome
 from .errors import CardError, SandboxError
 from .judge.host.client import JudgeClient, require_gpus
 from .judge.host.result import JudgeResult, SizeResult
@@ -209,13 +210,17 @@ class CommBenchEnv(gym.Env, EzPickle):
         self.feedback = ""
         self.done = False
         self.last_result: JudgeResult | None = None
+        self.last_outcome: StepOutcome | None = None
         self.episode_reward = 0.0
         self.final_reward: float | None = None
         self.credit = TurnCredit(self.config.turn_reward)
         self.t_episode = time.monotonic()
 
-    def _obs(self) -> dict[str, Any]:
+    def observation(self) -> dict[str, Any]:
+        """The current observation (what reset and step return)."""
         return {"task": to_charset(self.task.agent_view()), "feedback": to_charset(self.feedback), "turn": self.turn}
+
+    _obs = observation
 
     def _ensure_sandbox(self, fresh: bool) -> None:
         if self._sandbox is not None and (fresh or not self._sandbox.alive):
@@ -344,25 +349,28 @@ class CommBenchEnv(gym.Env, EzPickle):
         return self._obs(), info
 
     def step(self, action: Any):
+        outcome = self.play_turn(action)
+        return self._obs(), float(outcome.reward), outcome.terminated, outcome.truncated, outcome.info()
+
+    def play_turn(self, action: Any) -> StepOutcome:
+        """One turn, typed (`StepOutcome`; also kept as `last_outcome`): what `step` returns is made from it."""
         if self._closed:
             raise gym.error.ResetNeeded("the env was closed; make a new one")
         if self.done or self._trace is None:
             raise gym.error.ResetNeeded("the episode is over; call reset()")
         self.turn += 1
         t0 = time.monotonic()
-        info: dict[str, Any] = {"turn": self.turn, "task_id": self.task.id, "task_hash": self.task.hash,
-                                "trace_path": str(self.trace_path)}
         terminated, result, parts = False, None, None
         final: float | None = None
+        parse_error: str | None = None
         try:
             act = parse_action(action, self.task.card.entry.file, self.task.card.language.value)
         except ParseError as exc:
             act = None
             self.feedback = f"Could not parse the action: {exc}\n{ACTION_HELP}"
-            info["parse_error"] = str(exc)
+            parse_error = str(exc)
         files = (act.files or self.last_files) if act is not None else {}
         if act is not None:
-            info["tool"] = act.tool
             unsupported = self.task.unsupported(TOOL_TO_MODE[act.tool])
             if not files:
                 self.feedback = f"No source yet: send the text of {self.task.card.entry.file} in 'source'."
@@ -374,10 +382,10 @@ class CommBenchEnv(gym.Env, EzPickle):
                 files = {}
         truncated_now = self.turn >= self.config.max_turns
         needs_judge = bool(files) or (truncated_now and self.config.submit_on_truncation and bool(self.last_files))
+        slot = None
         try:
             with self._judging() if needs_judge else nullcontext() as judge:
-                if self._slot is not None:
-                    info["sandbox"] = self._slot_info()
+                slot = self._slot_info()
                 if act is not None and files:
                     self.last_files = dict(files)
                     mode = TOOL_TO_MODE[act.tool]
@@ -410,31 +418,33 @@ class CommBenchEnv(gym.Env, EzPickle):
         self.episode_reward += reward
         if self.done:
             self.final_reward = final
-            info["final_reward"] = final
-            info["turn_rewards"] = self.credit.turn_rewards()
         if result is not None:
             self.last_result = result
-        # info holds what the agent may see (hidden cases by number, no values); the full result goes to the
-        # trace and stays on the host as `env.last_result`
-        info.update({"judge_result": result.public().model_dump(mode="json") if result else None,
-                     "reward_parts": parts.model_dump() if parts else None, "turn_score": self.credit.scores[-1],
-                     "verdict": result.verdict.value if result else None, "step_s": time.monotonic() - t0})
-        obs = self._obs()
+        # the outcome's info() holds what the agent may see (hidden cases by number, no values); the full result
+        # goes to the trace and stays on the host (`last_outcome.result`, `last_result`)
+        outcome = StepOutcome(
+            turn=self.turn, feedback=to_charset(self.feedback), reward=float(reward), terminated=terminated,
+            truncated=truncated, tool=act.tool if act else None, result=result, parts=parts,
+            turn_score=self.credit.scores[-1], final_reward=final if self.done else None,
+            turn_rewards=self.credit.turn_rewards() if self.done else None, parse_error=parse_error,
+            sandbox=slot, step_s=time.monotonic() - t0,
+            context={"task_id": self.task.id, "task_hash": self.task.hash, "trace_path": str(self.trace_path)})
+        self.last_outcome = outcome
         trace = self._trace
         if trace is None:  # closed meanwhile (a run being stopped): this turn is not recorded as played
             raise SandboxError("the env was closed while this step ran")
         trace.write({"type": "step", "turn": self.turn,
-                           "action": {"tool": act.tool if act else None, "files": act.files if act else {},
-                                      "raw": None if act else _action_text(action)},
-                           "meta": act.meta if act else {}, "observation": obs["feedback"],
-                           "judge_result": result.model_dump(mode="json") if result else None, "reward": reward, "reward_parts": info["reward_parts"],
-                           "turn_score": info["turn_score"], "sandbox_slot": info.get("sandbox"),
-                           "terminated": terminated, "truncated": truncated, "step_s": info["step_s"],
-                           "error": info.get("parse_error")})
+                     "action": {"tool": outcome.tool, "files": act.files if act else {},
+                                "raw": None if act else _action_text(action)},
+                     "meta": act.meta if act else {}, "observation": outcome.feedback,
+                     "judge_result": result.model_dump(mode="json") if result else None, "reward": outcome.reward,
+                     "reward_parts": parts.model_dump() if parts else None, "turn_score": outcome.turn_score,
+                     "sandbox_slot": slot, "terminated": terminated, "truncated": truncated,
+                     "step_s": outcome.step_s, "error": parse_error})
         if self.done:
             self._finish_trace(result.verdict.value if result else None)
             self._release_slot()
-        return obs, float(reward), terminated, truncated, info
+        return outcome
 
     def _final_reward(self, judge: JudgeClient, result: JudgeResult) -> RewardBreakdown:
         ref: list[SizeResult] | None = None
@@ -469,6 +479,9 @@ class CommBenchEnv(gym.Env, EzPickle):
 
     async def astep(self, action: Any, *, executor: Executor | None = None):
         return await asyncio.get_running_loop().run_in_executor(executor, self.step, action)
+
+    async def aplay_turn(self, action: Any, *, executor: Executor | None = None) -> StepOutcome:
+        return await asyncio.get_running_loop().run_in_executor(executor, self.play_turn, action)
 
     async def aclose(self, *, executor: Executor | None = None) -> None:
         await asyncio.get_running_loop().run_in_executor(executor, self.close)

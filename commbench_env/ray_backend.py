@@ -314,6 +314,12 @@ class SandboxActor:
             raise CommBenchError("reset() the remote env before step()")
         return self._env.step(action)
 
+    def play_turn(self, action: Any) -> Any:
+        """One turn as a typed StepOutcome (see episode.py), and the observation after it."""
+        if self._env is None:
+            raise CommBenchError("reset() the remote env before play_turn()")
+        return self._env.play_turn(action), self._env.observation()
+
     def score(self, sub: Submission, retries: int = 1) -> Score:
         """Judge one submission as a one-turn episode (the actor's env must have max_turns=1)."""
         score, env = score_with_retry(lambda s: self._make_env(s.task_id), self._env, sub, retries)
@@ -345,12 +351,21 @@ class RemoteEnv:
         self.actor = actor if actor is not None else start_actor(sandbox, world=world, cpus=cpus, gpu_share=gpu_share,
                                                                  **env_options)
         self._closed = False
+        self._obs: dict = {}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         return self._ray.get(self.actor.reset.remote(seed=seed, options=options))
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         return self._ray.get(self.actor.step.remote(action))
+
+    def play_turn(self, action: Any) -> Any:
+        """One turn as a typed StepOutcome (episode.py); `observation()` is the observation after it."""
+        outcome, self._obs = self._ray.get(self.actor.play_turn.remote(action))
+        return outcome
+
+    def observation(self) -> dict:
+        return self._obs
 
     def close(self) -> None:
         if self._closed:

@@ -216,18 +216,19 @@ class EpisodePool:
             outcome.task_id, outcome.world_size = info["task_id"], info["world_size"]
             outcome.trace_path, outcome.sandbox = info.get("trace_path"), info.get("sandbox")
             await agent.reset(obs, info)
-            terminated = truncated = False
-            while not (terminated or truncated):
+            out = None
+            while out is None or not out.done:
                 action = await agent.act(obs, info)
                 t0 = time.monotonic()
-                obs, reward, terminated, truncated, info = await env.astep(action, executor=self._executor)
-                outcome.steps.append(StepRecord(turn=info["turn"], tool=info.get("tool"), verdict=info.get("verdict"),
-                                                reward=reward, started=t0, ended=time.monotonic()))
-                outcome.rewards.append(reward)
-            outcome.turns = info["turn"]
-            outcome.final_reward = float(info.get("final_reward", reward))
-            outcome.turn_rewards = list(info.get("turn_rewards", outcome.rewards))
-            outcome.verdict = info.get("verdict")
+                out = await env.aplay_turn(action, executor=self._executor)
+                obs, info = env.observation(), out.info()
+                outcome.steps.append(StepRecord(turn=out.turn, tool=out.tool, verdict=out.verdict,
+                                                reward=out.reward, started=t0, ended=time.monotonic()))
+                outcome.rewards.append(out.reward)
+            outcome.turns = out.turn
+            outcome.final_reward = float(out.episode_reward)
+            outcome.turn_rewards = list(out.turn_rewards or outcome.rewards)
+            outcome.verdict = out.verdict
         finally:
             close = getattr(agent, "close", None)
             if close is not None:

@@ -11,6 +11,7 @@ from typing import Any
 from .agents import Agent, AgentCard, load_agent, load_agent_card
 from .cards import Task
 from .env import CommBenchEnv
+from .episode import StepOutcome
 from .errors import Interrupted
 from .reward import RewardConfig
 
@@ -45,27 +46,24 @@ def play_episode(env: CommBenchEnv, agent: Agent, *, options: dict[str, Any] | N
     stop = should_stop or (lambda: False)
     obs, info = env.reset(seed=seed, options=options)
     agent.reset(obs, info)
-    reward = 0.0
-    last: dict[str, Any] = {}
-    terminated = truncated = False
-    while not (terminated or truncated):
+    outcome: StepOutcome | None = None
+    while outcome is None or not outcome.done:
         if stop():
             raise Interrupted(f"{env.task.id}: stopped before turn {env.turn + 1}")
         action = agent.act(obs, info)
         if stop():
             raise Interrupted(f"{env.task.id}: stopped before turn {env.turn + 1}")
-        obs, reward, terminated, truncated, info = env.step(action)
-        last = info
+        outcome = env.play_turn(action)
+        obs, info = env.observation(), outcome.info()
         if on_turn:
-            on_turn(info["turn"], info)
-    parts = last.get("reward_parts") or {}
-    jr = last.get("judge_result") or {}
-    bench = jr.get("benchmark") or []
+            on_turn(outcome.turn, info)
+    parts = outcome.parts
+    bench = outcome.result.benchmark if outcome.result else []
     return EpisodeSummary(task_id=env.task.id, agent=agent.name, world_size=env.world_size, turns=env.turn,
-                          reward=float(last.get("final_reward", reward)), verdict=last.get("verdict"), correct=bool(parts.get("correct")),
-                          speedup=parts.get("speedup"), band=parts.get("band"),
-                          busbw_gbps=bench[-1]["busbw_gbps"] if bench else None,
-                          size_bytes=bench[-1]["size_bytes"] if bench else None,
+                          reward=float(outcome.episode_reward), verdict=outcome.verdict, correct=outcome.correct,
+                          speedup=parts.speedup if parts else None, band=parts.band if parts else None,
+                          busbw_gbps=bench[-1].busbw_gbps if bench else None,
+                          size_bytes=bench[-1].size_bytes if bench else None,
                           trace_path=str(env.trace_path), duration_s=time.monotonic() - t0)
 
 

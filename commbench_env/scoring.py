@@ -89,12 +89,11 @@ def score_submission(env: Env, sub: Submission) -> Score:
     """
     world = pick_world(load_task(sub.task_id), sub.world_size)
     env.reset(options={"task": sub.task_id, "world_size": world})
-    obs, reward, _, _, info = env.step({"tool": "submit", "source": sub.source})
-    parts = info.get("reward_parts") or {}
-    if info.get("final_reward") is not None:  # the episode's reward, whatever per-turn shaping the env applies
-        reward = info["final_reward"]
-    return Score(reward=float(reward), verdict=info.get("verdict"), correct=bool(parts.get("correct")),
-                 speedup=parts.get("speedup"), feedback=obs["feedback"], trace_path=info.get("trace_path"))
+    env.step({"tool": "submit", "source": sub.source})
+    out = env.unwrapped.last_outcome  # typed (episode.StepOutcome), whatever wrappers env has
+    return Score(reward=float(out.episode_reward), verdict=out.verdict, correct=out.correct,
+                 speedup=out.parts.speedup if out.parts else None, feedback=out.feedback,
+                 trace_path=out.context.get("trace_path"))
 
 
 def score_with_retry(make_env, env: Env | None, sub: Submission, retries: int = 1) -> tuple[Score, Env | None]:

@@ -119,14 +119,16 @@ def test_a_card_error_stops_the_run(trace_dir):
 
 def test_envs_are_made_on_the_requests_task(trace_dir):
     """The pool makes each env on its first request's task: the env's default task (a torch task that runs in
-    `cpu` and `cuda` only) must not decide whether a `cuda-shared` sandbox is allowed. Without a GPU the episode
-    is played, and its checks say the task needs one."""
+    `cpu` and `cuda` only) must not decide whether a `cuda-shared` sandbox is allowed. Without a GPU the request
+    cannot be served, and the run says so before any episode starts (never a runtime error scored as the
+    agent's)."""
+    from commbench_env.errors import UnservableError
+
     async def main():
         async with EpisodePool(lambda req: load_agent("reference"), infra_retries=0, env_kwargs={
                 "sandbox": "local-gpu-shared", "max_turns": 2, "trace_dir": str(trace_dir)}) as pool:
             return await pool.run(["p2p/ipc_push_copy"])
 
-    (outcome,) = asyncio.run(main())
-    assert outcome.ok and outcome.verdict == "runtime_error" and outcome.final_reward == 0.0
-    (trace,) = trace_dir.glob("*.jsonl")
-    assert "needs a GPU" in trace.read_text()
+    with pytest.raises(UnservableError, match="p2p/ipc_push_copy in device mode 'cuda-shared'.*sees 0"):
+        asyncio.run(main())
+    assert not list(trace_dir.glob("*.jsonl"))

@@ -156,20 +156,19 @@ class ToolEpisode:
         if self.done:
             return "The episode is over (submitted, or the turn budget is used up); this call was not run."
         try:
-            obs, reward, terminated, truncated, info = self._env.step(action)
+            out = self._env.play_turn(action)
         except SandboxError as exc:
             self.infra_error = f"{type(exc).__name__}: {exc}"
             self.close()
             return f"Infrastructure error, not your fault; this episode is not scored. ({self.infra_error})"
-        self.has_code = self.has_code or info.get("judge_result") is not None  # some code was judged
-        if info.get("verdict"):
-            self.verdict = info["verdict"]
-        if terminated or truncated:
+        self.has_code = self.has_code or out.result is not None  # some code was judged
+        if out.verdict:
+            self.verdict = out.verdict
+        if out.done:
             self.done = True
-            final = info.get("final_reward")  # the episode's reward, whatever per-turn shaping the env applies
-            self.reward = float(reward if final is None else final)
-            self.correct = bool((info.get("reward_parts") or {}).get("correct"))
-        return obs["feedback"]
+            self.reward = float(out.episode_reward)  # whatever per-turn shaping the env applies
+            self.correct = out.correct
+        return out.feedback
 
     def final_reward(self) -> float | None:
         """The episode's reward: as submitted; else the last code scored (as at truncation); no code: 0; an
