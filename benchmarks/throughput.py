@@ -41,7 +41,6 @@ from commbench_env.judge.host.client import JudgeClient
 from commbench_env.pool import SandboxPool
 from commbench_env.reference import reference_figures
 from commbench_env.rollouts import EpisodePool, EpisodeRequest
-from commbench_env.runner import pick_world
 from commbench_env.sandbox import load_profile, open_sandbox
 
 AGENT = "reference"
@@ -68,7 +67,7 @@ def warm_reference_cache(sandbox: str, tasks: list[str]) -> None:
     try:
         for tid in tasks:
             task = load_task(tid)
-            reference_figures(client, task, pick_world(task, None))
+            reference_figures(client, task, task.world_for(None))
     finally:
         client.close()
         sb.close()

@@ -288,6 +288,11 @@ class Task:
                     "nothing was run. Use check, benchmark or profile.")
         return None
 
+    def world_for(self, requested: int | None) -> int:
+        """The requested world size where this task allows it, else its default."""
+        sizes = self.card.world.sizes
+        return requested if requested is not None and requested in sizes else self.card.world.default_size
+
     def judge_spec(self) -> dict[str, Any]:
         """Everything the judge needs, hidden cases included; sent to it over stdin, never as a file."""
         return {"card": self.card.model_dump(mode="json"), "task_hash": self.hash}

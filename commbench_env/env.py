@@ -185,9 +185,7 @@ class CommBenchEnv(gym.Env, EzPickle):
     @staticmethod
     def _world_for(task: Task, requested: int | None) -> int:
         """For drawn tasks: the requested world size where the task allows it, else the task's default."""
-        from .runner import pick_world  # runner imports this module
-
-        return pick_world(task, requested)
+        return task.world_for(requested)
 
     def _check_device_mode(self) -> None:
         modes = [m.value for m in self.task.card.world.device_modes]

@@ -20,7 +20,7 @@ from .agents import AgentCard, load_agent, load_agent_card
 from .cards import Task
 from .env import CommBenchEnv
 from .errors import CardError, CommBenchError, Interrupted, SandboxError
-from .runner import pick_world, play_episode
+from .runner import play_episode
 from .sandbox import SandboxProfile, load_profile
 from .trace import read_trace
 
@@ -123,7 +123,7 @@ def play_eval_episode(task: Task, key: EpisodeKey, card: AgentCard, *, sandbox: 
             return interrupted_record(task, key, t0)
         attempts += 1
         env = CommBenchEnv(task=task, sandbox=sandbox, max_turns=max_turns or card.max_turns or 8,
-                           world_size=pick_world(task, world), agent=card.model_dump(), trace_dir=str(trace_dir))
+                           world_size=task.world_for(world), agent=card.model_dump(), trace_dir=str(trace_dir))
         player = load_agent(card, **(agent_params or {}))
         stop.watch(env)
         try:
@@ -202,7 +202,7 @@ def run_eval(agent: AgentCard | str, tasks: list[Task], *, sandbox: str, out: Pa
                          on_start=lambda job: emit("start", {"key": job.key, "attempt": 1}))
         return records
 
-    workers = _gpu_budget(sandbox, max((pick_world(t, world) for t in tasks), default=1), parallel)
+    workers = _gpu_budget(sandbox, max((t.world_for(world) for t in tasks), default=1), parallel)
     stop = StopSignal()
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode")
     futures = {pool.submit(play_eval_episode, t, k, card, sandbox=sandbox, trace_dir=out / "traces", world=world,

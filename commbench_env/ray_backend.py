@@ -202,9 +202,8 @@ def _play_remote(job: EpisodeJob) -> dict[str, Any]:
 
 def _job_resources(job: EpisodeJob, opts: RayOptions) -> dict[str, float]:
     from .cards import load_task
-    from .runner import pick_world
 
-    world = pick_world(load_task(job.task_id), job.world)
+    world = load_task(job.task_id).world_for(job.world)
     return episode_resources(job.sandbox, world, cpus=opts.cpus_per_episode, gpu_share=opts.gpu_share)
 
 

@@ -67,13 +67,6 @@ def play_episode(env: CommBenchEnv, agent: Agent, *, options: dict[str, Any] | N
                           trace_path=str(env.trace_path), duration_s=time.monotonic() - t0)
 
 
-def pick_world(task: Task, requested: int | None) -> int:
-    """The requested world size where the task allows it, else the task's default."""
-    if requested is not None and requested in task.card.world.sizes:
-        return requested
-    return task.card.world.default_size
-
-
 def run_tasks(tasks: list[Task], agent_card: AgentCard | str, *, sandbox: str = "local-cpu", world: int | None = None,
               max_turns: int | None = None, out_dir: Path | None = None, reward: RewardConfig | None = None,
               on_episode_start: Callable[[Task], None] | None = None,
@@ -85,7 +78,7 @@ def run_tasks(tasks: list[Task], agent_card: AgentCard | str, *, sandbox: str = 
     out: list[EpisodeSummary] = []
     if not tasks:
         return out
-    env = CommBenchEnv(task=tasks[0], sandbox=sandbox, max_turns=turns, world_size=pick_world(tasks[0], world),
+    env = CommBenchEnv(task=tasks[0], sandbox=sandbox, max_turns=turns, world_size=tasks[0].world_for(world),
                        reward=reward, agent=card.model_dump(),
                        trace_dir=str(out_dir / "traces") if out_dir else None)
     agent = load_agent(card)
@@ -93,7 +86,7 @@ def run_tasks(tasks: list[Task], agent_card: AgentCard | str, *, sandbox: str = 
         for task in tasks:
             if on_episode_start:
                 on_episode_start(task)
-            summary = play_episode(env, agent, options={"task": task.id, "world_size": pick_world(task, world)},
+            summary = play_episode(env, agent, options={"task": task.id, "world_size": task.world_for(world)},
                                    on_turn=on_turn)
             out.append(summary)
             if on_episode_end:

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 from .actions import code_blocks
 from .cards import load_task
 from .errors import SandboxError
-from .runner import pick_world
 
 
 def completion_text(completion: Any) -> str:
@@ -87,7 +86,7 @@ def score_submission(env: Env, sub: Submission) -> Score:
 
     SandboxError propagates: the caller decides whether to retry with a fresh env.
     """
-    world = pick_world(load_task(sub.task_id), sub.world_size)
+    world = load_task(sub.task_id).world_for(sub.world_size)
     env.reset(options={"task": sub.task_id, "world_size": world})
     env.step({"tool": "submit", "source": sub.source})
     out = env.unwrapped.last_outcome  # typed (episode.StepOutcome), whatever wrappers env has

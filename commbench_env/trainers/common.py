@@ -12,7 +12,6 @@ from typing import Any
 from ..agents.llm import SYSTEM_PROMPT, TOOL_SPECS
 from ..cards import select_tasks
 from ..errors import CommBenchError, SandboxError
-from ..runner import pick_world
 from ..sandbox import load_profile
 
 SINGLE_TURN_SYSTEM = (
@@ -30,7 +29,7 @@ def task_rows(tasks: str = "smoke", *, sandbox: str = "local-cpu", world_size: i
     (`smoke`, `all`, a category, ids, globs); tasks that cannot run in the sandbox's device mode are left out."""
     rows = []
     for task in select_tasks(tasks, device_mode=load_profile(sandbox).device_mode):
-        world = pick_world(task, world_size)
+        world = task.world_for(world_size)
         system = MULTI_TURN_SYSTEM if multi_turn else SINGLE_TURN_SYSTEM
         prompt = [{"role": "system", "content": system},
                   {"role": "user", "content": f"Task statement (world size {world}):\n\n{task.agent_view()}"}]
