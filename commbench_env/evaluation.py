@@ -20,6 +20,7 @@ from .agents import AgentCard, load_agent, load_agent_card
 from .cards import Task
 from .env import CommBenchEnv
 from .errors import CardError, CommBenchError, Interrupted, SandboxError
+from .infra import InfraPolicy
 from .runner import play_episode
 from .sandbox import SandboxProfile, load_profile
 from .trace import read_trace
@@ -116,12 +117,11 @@ def play_eval_episode(task: Task, key: EpisodeKey, card: AgentCard, *, sandbox: 
     """
     emit = emit or (lambda kind, data: None)
     stop = stop or StopSignal()
-    attempts, last_error = 0, ""
+    policy, attempts, last_error = InfraPolicy(infra_retries), 0, ""
     t0 = time.monotonic()
-    while attempts <= infra_retries:
+    for attempts in policy.attempts():
         if stop():
             return interrupted_record(task, key, t0)
-        attempts += 1
         env = CommBenchEnv(task=task, sandbox=sandbox, max_turns=max_turns or card.max_turns or 8,
                            world_size=task.world_for(world), agent=card.model_dump(), trace_dir=str(trace_dir))
         player = load_agent(card, **(agent_params or {}))
@@ -138,9 +138,8 @@ def play_eval_episode(task: Task, key: EpisodeKey, card: AgentCard, *, sandbox: 
         except SandboxError as exc:  # infrastructure, not the agent: try again with a fresh sandbox
             if stop():  # the sandbox was taken away because the run is stopping
                 return interrupted_record(task, key, t0)
-            last_error = f"{type(exc).__name__}: {exc}"
-            if env.trace_path and env.trace_path.exists():
-                env.trace_path.unlink()
+            last_error = policy.describe(exc)
+            policy.discard(env.trace_path)
             emit("infra_error", {"key": str(key), "attempt": attempts, "error": last_error})
         finally:
             stop.forget(env)

@@ -14,12 +14,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from .agents.base import Agent
 from .env import CommBenchEnv
 from .errors import SandboxError
+from .infra import InfraPolicy
 from .pool import SandboxPool
 
 
@@ -183,8 +183,8 @@ class EpisodePool:
     async def _episode(self, env: CommBenchEnv | None, index: int,
                        req: EpisodeRequest) -> tuple[CommBenchEnv | None, EpisodeOutcome]:
         outcome = EpisodeOutcome(request=req, index=index, started=time.monotonic())
-        while True:
-            outcome.attempts += 1
+        policy = InfraPolicy(self.infra_retries)
+        for outcome.attempts in policy.attempts():
             if env is None:
                 env = await self._new_env(req)
             try:
@@ -192,14 +192,11 @@ class EpisodePool:
                 outcome.error = None
                 break
             except SandboxError as exc:
-                outcome.error = f"{type(exc).__name__}: {exc}"
+                outcome.error = policy.describe(exc)
                 self._envs.remove(env)
                 await env.aclose(executor=self._executor)  # a fresh env (and sandbox) for the retry
                 env = None
-                if outcome.trace_path:  # an infrastructure failure is never scored as the agent's
-                    Path(outcome.trace_path).unlink(missing_ok=True)
-                if outcome.attempts > self.infra_retries:
-                    break
+                policy.discard(outcome.trace_path)  # an infrastructure failure is never scored as the agent's
         outcome.ended = time.monotonic()
         return env, outcome
 

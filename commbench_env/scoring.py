@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from .actions import code_blocks
 from .cards import load_task
 from .errors import SandboxError
+from .infra import InfraPolicy
 
 
 def completion_text(completion: Any) -> str:
@@ -97,14 +98,14 @@ def score_submission(env: Env, sub: Submission) -> Score:
 
 def score_with_retry(make_env, env: Env | None, sub: Submission, retries: int = 1) -> tuple[Score, Env | None]:
     """score_submission, retried in a fresh env after a SandboxError; returns the score and the env to keep."""
-    error = ""
-    for _ in range(retries + 1):
+    policy, error = InfraPolicy(retries), ""
+    for _ in policy.attempts():
         if env is None:
             env = make_env(sub)
         try:
             return score_submission(env, sub), env
         except SandboxError as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = policy.describe(exc)
             env.close()
             env = None
     return Score(reward=None, error=error), env
