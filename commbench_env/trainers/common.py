@@ -67,9 +67,11 @@ def write_rows(rows: Sequence[dict[str, Any]], path: str | Path, *, fmt: str | N
         return path
     try:
         import pandas as pd
-    except ImportError as exc:
-        raise CommBenchError("writing parquet needs pandas: pip install pandas, or write .jsonl") from exc
-    pd.DataFrame(list(rows)).to_parquet(path)
+
+        pd.DataFrame(list(rows)).to_parquet(path)
+    except ImportError as exc:  # pandas itself, or its parquet engine (pyarrow)
+        raise CommBenchError(f"writing parquet needs pandas and pyarrow ({exc}): pip install 'commbench-env[verl]', "
+                             "or write .jsonl") from None
     return path
 
 
