@@ -5,7 +5,8 @@ Debian 12 and Ubuntu 24.04 refuse `pip install` into the system Python (PEP 668)
 missing), pip is put into it from its wheel on PyPI if needed, then torch's CPU build and the package with its
 test extras are installed. Standard library only; run it again to repair or update.
 
-    python3 scripts/bootstrap.py [--venv .venv] [--torch torch==2.13.0] [--extras test]
+    python3 scripts/bootstrap.py [--venv .venv] [--torch torch==2.13.0] [--torch-index URL] [--extras test]
+                                 [--system-site-packages]
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def main() -> int:
     ap.add_argument("--torch-index", default=None, help="an index URL for torch (e.g. PyTorch's CPU wheels)")
     ap.add_argument("--extras", default="test", help="the package's extras ('' for none)")
     ap.add_argument("--no-ensurepip", action="store_true", help="get pip from PyPI even if ensurepip exists")
+    ap.add_argument("--system-site-packages", action="store_true", help="let the venv see this Python's packages "
+                    "(with --torch torch, a CUDA torch already installed there is kept)")
     a = ap.parse_args()
     if sys.version_info < (3, 10):
         say(f"Python >= 3.10 is needed; this is {sys.version.split()[0]}")
@@ -73,7 +76,7 @@ def main() -> int:
     if not python.exists():
         with_pip = has_ensurepip() and not a.no_ensurepip
         say(f"making {a.venv} ({'with' if with_pip else 'without'} ensurepip)")
-        venv.create(a.venv, with_pip=with_pip, clear=a.venv.exists())
+        venv.create(a.venv, with_pip=with_pip, clear=a.venv.exists(), system_site_packages=a.system_site_packages)
     if subprocess.run([str(python), "-m", "pip", "--version"], capture_output=True).returncode != 0:
         pip_from_pypi(python)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
