@@ -1,47 +1,32 @@
-"""The Gymnasium environment: one task per episode, the agent's code judged in a sandbox every turn."""
+"""The Gymnasium environment: one task per episode, the agent's code judged in a sandbox every turn.
+
+An adapter over `episode.Episode`, which holds the episode itself (sandbox, turns, judge, reward, trace): this
+module adds Gymnasium's spaces, seeding, the step tuple and pickling.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import string
-import threading
-import time
-from collections.abc import Iterator
 from concurrent.futures import Executor
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 from gymnasium import spaces
 from gymnasium.error import CustomSpaceError
 from gymnasium.utils import EzPickle
 from gymnasium.vector.utils import create_shared_memory
-from pydantic import Field
 
-from .actions import ACTION_HELP, MAX_SOURCE_CHARS, TOOL_TO_MODE, TOOLS, ParseError, parse_action
-from .cards import Task, load_task, select_tasks
-from .config import StrictModel
-from .episode import StepOutcome
-from .errors import CardError, SandboxError
-from .judge.host.client import JudgeClient, require_gpus
-from .judge.host.result import JudgeResult, SizeResult
-from .paths import cache_dir
-from .reference import reference_figures
-from .reward import RewardBreakdown, RewardConfig, TurnCredit, TurnRewardConfig, compute_reward
-from .sandbox import Sandbox, SandboxProfile, load_profile, open_sandbox
-from .sandbox.gpus import GpuLease, lock_ids
-from .trace import TRACE_SCHEMA, TraceWriter, new_trace_path
+from .actions import MAX_SOURCE_CHARS, TOOLS
+from .cards import Task
+from .episode import CHARSET, MAX_OBS_CHARS, Episode, EpisodeConfig, StepOutcome
+from .judge.host.result import JudgeResult
+from .reward import RewardConfig
+from .sandbox import SandboxProfile
 
 if TYPE_CHECKING:
-    from .pool import SandboxPool, Slot
-
-CHARSET = string.printable  # spaces.Text's default is alphanumeric only
-MAX_OBS_CHARS = 100_000
-_ASCII = {"\u2014": "--", "\u2013": "-", "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u00d7": "x",
-          "\u2026": "...", "\u2192": "->", "\u2264": "<=", "\u2265": ">=", "\u00b5": "u"}
-_ALLOWED = frozenset(CHARSET)
+    from .pool import SandboxPool
 
 
 class PrintableText(spaces.Text):
@@ -55,41 +40,6 @@ def _no_shared_memory(space: PrintableText, n: int = 1, ctx: Any = None) -> Any:
     raise CustomSpaceError("CommBench observations are text that AsyncVectorEnv cannot share through memory; "
                            "use AsyncVectorEnv(..., shared_memory=False), or gymnasium.make_vec(..., "
                            "vectorization_mode='async', vector_kwargs={'shared_memory': False})")
-
-
-def to_charset(text: str, limit: int = MAX_OBS_CHARS) -> str:
-    """Text inside the observation space: printable ASCII, common Unicode mapped, the rest as '?'."""
-    out = "".join(c if c in _ALLOWED else _ASCII.get(c, "?") for c in text)
-    return out if len(out) <= limit else out[: limit - 30] + "\n[... cut ...]"
-
-
-def _action_text(action: Any, limit: int = 2000) -> str:
-    """An unreadable action, as text for the trace, whatever it is (deep nesting and odd objects included)."""
-    try:
-        text = action if isinstance(action, str) else str(action)
-    except Exception:  # noqa: BLE001 - str() of an agent's object may raise anything
-        text = f"<{type(action).__name__} that cannot be shown>"
-    return text[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-class EnvConfig(StrictModel):
-    task: str = "collective/allreduce_ring"
-    tasks: str | list[str] | None = Field(
-        default=None, description="a task selector ('smoke', 'p2p', globs, ids) or a list of ids: every reset "
-        "without options['task'] draws one with the env's seeded RNG")
-    sandbox: str = "local-cpu"
-    max_turns: int = Field(default=8, ge=1)
-    world_size: int | None = Field(default=None, description="default: the card's default world size")
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    turn_reward: TurnRewardConfig = Field(default_factory=TurnRewardConfig,
-                                          description="how rewards are spread over turns (see reward.py)")
-    terminate_on_solve: bool = Field(default=False, description="end the episode when a check passes")
-    submit_on_truncation: bool = Field(default=True, description="score the last code when turns run out")
-    reference: Literal["cached", "interleaved", "none"] = Field(
-        default="cached", description="reference timing: cached per hardware, re-measured each final step, or none")
-    trace_dir: str | None = Field(default=None, description="where traces go; default ~/.cache/commbench/traces")
-    feedback_chars: int = 6000
-    static_check: bool = True
 
 
 class CommBenchEnv(gym.Env, EzPickle):
@@ -115,340 +65,70 @@ class CommBenchEnv(gym.Env, EzPickle):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None")
         self.render_mode = render_mode
-        self._pool, self._owns_pool = self._make_pool(sandbox_pool, sandbox)
-        if sandbox is None:
-            sandbox = self._pool.profile if self._pool is not None else "local-cpu"
-        reward_cfg = reward if isinstance(reward, RewardConfig) else RewardConfig.model_validate(reward or {})
-        self.config = EnvConfig(task=task.id if isinstance(task, Task) else task,
-                                sandbox=sandbox.name if isinstance(sandbox, SandboxProfile) else sandbox,
-                                max_turns=max_turns, world_size=world_size, reward=reward_cfg, **options)
-        self.profile = sandbox if isinstance(sandbox, SandboxProfile) else load_profile(sandbox)
-        if self._pool is not None and self._pool.profile.name != self.profile.name:
-            raise CardError(f"sandbox {self.profile.name!r} differs from the pool's profile "
-                            f"{self._pool.profile.name!r}; leave sandbox= out when passing sandbox_pool=")
-        self.agent_info = agent or {}
-        self.task_ids = self._resolve_tasks(self.config.tasks)
-        if self.task_ids and not isinstance(task, Task) and task not in self.task_ids:
-            task = self.task_ids[0]
-        self.task = task if isinstance(task, Task) else load_task(task)
-        self.world_size = (self._world_for(self.task, self.config.world_size) if self.task_ids
-                           else self._pick_world(self.config.world_size))
+        self.episode = Episode(task, sandbox, max_turns, world_size, reward, agent, sandbox_pool, **options)
         self.observation_space = spaces.Dict({
             "task": PrintableText(max_length=MAX_OBS_CHARS, min_length=0, charset=CHARSET),
             "feedback": PrintableText(max_length=MAX_OBS_CHARS, min_length=0, charset=CHARSET),
-            "turn": spaces.Discrete(self.config.max_turns + 1),
+            "turn": spaces.Discrete(self.episode.config.max_turns + 1),
         })
         self.action_space = spaces.Dict({
             "tool": spaces.Discrete(len(TOOLS)),
             "source": PrintableText(max_length=MAX_SOURCE_CHARS, min_length=0, charset=CHARSET),
         })
-        self._sandbox: Sandbox | None = None
-        self._judge: JudgeClient | None = None
-        self._gpu_ids: dict[int, list[int]] = {}  # world size -> the GPUs a judge run of the own sandbox locks
-        self._slot: Slot | None = None
-        self._recycle: str | None = None
-        self._trace: TraceWriter | None = None
-        self._trace_lock = threading.Lock()  # close() may come from another thread (a run being stopped)
-        self.trace_path: Path | None = None
-        self._closed = False
-        self._reset_state()
 
-    # -- helpers ---------------------------------------------------------------------------------------
-    @staticmethod
-    def _make_pool(pool: Any, sandbox: Any) -> tuple[SandboxPool | None, bool]:
-        if pool is None:
-            return None, False
-        from .pool import SandboxPool
+    # -- what drivers read of the episode ------------------------------------------------------------------
+    @property
+    def task(self) -> Task:
+        return self.episode.task
 
-        if isinstance(pool, SandboxPool):
-            return pool, False
-        if isinstance(pool, dict):
-            settings = dict(pool)
-            settings.setdefault("profile", sandbox if sandbox is not None else "local-cpu")
-            return SandboxPool(**settings), True
-        raise TypeError(f"sandbox_pool must be a SandboxPool or a dict of its settings, not {type(pool).__name__}")
+    @property
+    def world_size(self) -> int:
+        return self.episode.world_size
 
-    def _resolve_tasks(self, tasks: str | list[str] | None) -> list[str]:
-        if tasks is None:
-            return []
-        ids = [t.id for t in select_tasks(tasks)] if isinstance(tasks, str) else list(dict.fromkeys(tasks))
-        if not ids:
-            raise CardError(f"tasks={tasks!r} selects no task")
-        mode = self.profile.device_mode
-        for tid in ids:
-            modes = [m.value for m in load_task(tid).card.world.device_modes]
-            if mode not in modes:
-                raise CardError(f"tasks={tasks!r}: task {tid} runs in device modes {modes}; sandbox profile "
-                                f"{self.profile.name!r} is {mode!r}")
-        return ids
+    @property
+    def turn(self) -> int:
+        return self.episode.turn
 
-    @staticmethod
-    def _world_for(task: Task, requested: int | None) -> int:
-        """For drawn tasks: the requested world size where the task allows it, else the task's default."""
-        return task.world_for(requested)
+    @property
+    def config(self) -> EpisodeConfig:
+        return self.episode.config
 
-    def _check_device_mode(self) -> None:
-        modes = [m.value for m in self.task.card.world.device_modes]
-        if self.profile.device_mode not in modes:
-            raise CardError(f"task {self.task.id} runs in device modes {modes}; sandbox profile {self.profile.name!r} "
-                            f"is {self.profile.device_mode!r}")
+    @property
+    def profile(self) -> SandboxProfile:
+        return self.episode.profile
 
-    def _pick_world(self, requested: int | None) -> int:
-        self._check_device_mode()
-        sizes = self.task.card.world.sizes
-        if requested is None:
-            return self.task.card.world.default_size
-        if requested not in sizes:
-            raise CardError(f"task {self.task.id} runs at world sizes {sizes}, not {requested}")
-        return requested
+    @property
+    def trace_path(self) -> Path | None:
+        return self.episode.trace_path
 
-    def _reset_state(self) -> None:
-        self.turn = 0
-        self.last_files: dict[str, str] = {}
-        self.feedback = ""
-        self.done = False
-        self.last_result: JudgeResult | None = None
-        self.last_outcome: StepOutcome | None = None
-        self.episode_reward = 0.0
-        self.final_reward: float | None = None
-        self.credit = TurnCredit(self.config.turn_reward)
-        self.t_episode = time.monotonic()
+    @property
+    def feedback(self) -> str:
+        return self.episode.feedback
+
+    @property
+    def last_result(self) -> JudgeResult | None:
+        """The last turn's full result (hidden cases included): host side only, never the agent's."""
+        return self.episode.last_result
+
+    @property
+    def last_outcome(self) -> StepOutcome | None:
+        return self.episode.last_outcome
 
     def observation(self) -> dict[str, Any]:
-        """The current observation (what reset and step return)."""
-        return {"task": to_charset(self.task.agent_view()), "feedback": to_charset(self.feedback), "turn": self.turn}
-
-    _obs = observation
-
-    def _ensure_sandbox(self, fresh: bool) -> None:
-        if self._sandbox is not None and (fresh or not self._sandbox.alive):
-            self._close_sandbox()
-        if self._sandbox is None:
-            self._sandbox = open_sandbox(self.profile)
-            self._sandbox.start()
-            self._judge = JudgeClient(self._sandbox)
-
-    def _close_sandbox(self) -> None:
-        if self._judge is not None:
-            self._judge.close()
-        if self._sandbox is not None:
-            self._sandbox.close()
-        self._judge, self._sandbox = None, None
-
-    def _finish_trace(self, verdict: str | None) -> None:
-        """The trace's end record. An episode closed or reset before it ended is `interrupted`: no final verdict
-        and no reward, whatever its last check said (a resumed run plays it again)."""
-        with self._trace_lock:
-            trace, self._trace = self._trace, None
-        if trace is not None:
-            status = "finished" if self.done else "interrupted"
-            trace.write({"type": "episode_end", "status": status, "reward": self.final_reward or 0.0,
-                         "return": self.episode_reward, "turn_rewards": self.credit.turn_rewards(),
-                         "turns": self.turn, "final_verdict": verdict if self.done else None,
-                         "duration_s": time.monotonic() - self.t_episode})
-            trace.close()
-
-    # -- pooled sandboxes ----------------------------------------------------------------------------------
-    def _slot_info(self) -> dict[str, Any] | None:
-        s = self._slot
-        return {"id": s.id, "gpus": list(s.gpus), "ports": list(s.ports)} if s is not None else None
-
-    def _release_slot(self, recycle: str | None = None, episode_end: bool = True) -> None:
-        slot, self._slot = self._slot, None
-        reason, self._recycle = recycle or self._recycle, None
-        if slot is not None and self._pool is not None:
-            self._pool.release(slot, recycle=reason, episode_end=episode_end)
-
-    @contextmanager
-    def _gpu_turn(self) -> Iterator[None]:
-        """The GPUs of the env's own sandbox, held for one judge run (a lock file per GPU, the leases SandboxPool
-        uses): concurrent episodes on this host never time calls beside each other. Held per run, not per episode,
-        so no episode waits on one that is itself waiting on its trainer's next batch."""
-        ids = self._gpu_ids.get(self.world_size)
-        if ids is None:  # fixed for a world size; lock_ids may ask nvidia-smi, so once, not at every judge run
-            ids = self._gpu_ids[self.world_size] = lock_ids(self.profile, self.world_size)
-        lease = GpuLease.acquire(len(ids), pool=ids) if ids else None
-        try:
-            yield
-        finally:
-            if lease is not None:
-                lease.release()
-
-    @contextmanager
-    def _judging(self) -> Iterator[JudgeClient]:
-        """The judge for this step: the env's own, or a pooled sandbox's (kept for the episode, or for this turn
-        with hold="turn"). A SandboxError recycles the pooled sandbox; the next step borrows another."""
-        if self._pool is None:
-            with self._gpu_turn():
-                yield self._judge  # type: ignore[misc]
-            return
-        if self._slot is None:
-            self._slot = self._pool.acquire(self.world_size)
-        try:
-            yield self._slot.judge
-        except SandboxError as exc:
-            self._release_slot(recycle=f"infrastructure: {str(exc)[:200]}", episode_end=False)
-            raise
-        if self.done or self._pool.hold == "turn":
-            self._release_slot(episode_end=self.done)
-
-    def _evaluate(self, judge: JudgeClient, files: dict[str, str], mode: str) -> JudgeResult:
-        result = judge.evaluate(self.task, files, mode, self.world_size,  # type: ignore[arg-type]
-                                static_check=self.config.static_check)
-        if self._pool is not None and self._recycle is None:
-            from .pool import recycle_reason
-
-            self._recycle = recycle_reason(result)
-        return result
+        return self.episode.observation()
 
     # -- gymnasium API ---------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        if self._closed:
-            raise gym.error.ResetNeeded("the env was closed; make a new one")
-        if self._trace is not None:
-            self._finish_trace(self.last_result.verdict.value if self.last_result else None)
-        self._release_slot()  # an episode left unfinished gives its pooled sandbox back
-        options = options or {}
-        if "task" in options and options["task"] != self.task.id:
-            self.task = load_task(options["task"])
-            self.world_size = self._pick_world(options.get("world_size", self.config.world_size))
-        elif "task" not in options and self.task_ids:
-            drawn = self.task_ids[int(self.np_random.integers(len(self.task_ids)))]
-            if drawn != self.task.id:
-                self.task = load_task(drawn)
-            self.world_size = self._world_for(self.task, options.get("world_size", self.config.world_size))
-        elif "world_size" in options:
-            self.world_size = self._pick_world(options["world_size"])
-        self._reset_state()
-        if self._pool is None:
-            self._ensure_sandbox(fresh=self.profile.fresh_per_episode)
-            hardware = self._sandbox.hardware()  # type: ignore[union-attr]
-        elif self._pool.hold == "episode":
-            self._slot = self._pool.acquire(self.world_size)
-            hardware = self._slot.sandbox.hardware()
-        else:
-            hardware = self._pool.hardware(self.world_size)
-        require_gpus(self.task, self.profile.device_mode, self.world_size, hardware, self.profile.name)
-        trace_dir = Path(self.config.trace_dir) if self.config.trace_dir else cache_dir() / "traces"
-        self.trace_path, episode_id = new_trace_path(trace_dir, self.task.id)
-        self._trace = TraceWriter(self.trace_path)
-        self._trace.write({
-            "type": "episode_start", "schema": TRACE_SCHEMA, "episode_id": episode_id, "task_id": self.task.id,
-            "task_hash": self.task.hash, "task_card": self.task.card.model_dump(mode="json", exclude={"cases"}),
-            "task_view": self.task.agent_view(), "sandbox": self.profile.model_dump(mode="json"),
-            "hardware": hardware.model_dump(), "agent": self.agent_info, "sandbox_slot": self._slot_info(),
-            "config": {**self.config.model_dump(mode="json"), "world_size": self.world_size}, "seed": seed,
-        })
-        info = {"task_id": self.task.id, "task_hash": self.task.hash, "world_size": self.world_size,
-                "trace_path": str(self.trace_path), "tools": list(TOOLS)}
-        if self._slot is not None:
-            info["sandbox"] = self._slot_info()
-        return self._obs(), info
+        return self.episode.start(seed=seed, options=options, rng=self.np_random)
 
     def step(self, action: Any):
-        outcome = self.play_turn(action)
-        return self._obs(), float(outcome.reward), outcome.terminated, outcome.truncated, outcome.info()
+        outcome = self.episode.step(action)
+        return self.episode.observation(), float(outcome.reward), outcome.terminated, outcome.truncated, outcome.info()
 
     def play_turn(self, action: Any) -> StepOutcome:
-        """One turn, typed (`StepOutcome`; also kept as `last_outcome`): what `step` returns is made from it."""
-        if self._closed:
-            raise gym.error.ResetNeeded("the env was closed; make a new one")
-        if self.done or self._trace is None:
-            raise gym.error.ResetNeeded("the episode is over; call reset()")
-        self.turn += 1
-        t0 = time.monotonic()
-        terminated, result, parts = False, None, None
-        final: float | None = None
-        parse_error: str | None = None
-        try:
-            act = parse_action(action, self.task.card.entry.file, self.task.card.language.value)
-        except ParseError as exc:
-            act = None
-            self.feedback = f"Could not parse the action: {exc}\n{ACTION_HELP}"
-            parse_error = str(exc)
-        files = (act.files or self.last_files) if act is not None else {}
-        if act is not None:
-            unsupported = self.task.unsupported(TOOL_TO_MODE[act.tool])
-            if not files:
-                self.feedback = f"No source yet: send the text of {self.task.card.entry.file} in 'source'."
-            elif unsupported:
-                # the agent's slip, not the judge's: answered here, without a judge run (the judge client refuses
-                # it, and a pooled sandbox must not be recycled for it); the code is kept as the latest
-                self.last_files = dict(files)
-                self.feedback = unsupported
-                files = {}
-        truncated_now = self.turn >= self.config.max_turns
-        needs_judge = bool(files) or (truncated_now and self.config.submit_on_truncation and bool(self.last_files))
-        slot = None
-        try:
-            with self._judging() if needs_judge else nullcontext() as judge:
-                slot = self._slot_info()
-                if act is not None and files:
-                    self.last_files = dict(files)
-                    mode = TOOL_TO_MODE[act.tool]
-                    result = self._evaluate(judge, files, mode)
-                    terminated = act.tool == "submit" or (self.config.terminate_on_solve and result.correct)
-                    if terminated and mode != "full":
-                        result = self._evaluate(judge, files, "full")
-                    if terminated:
-                        parts = self._final_reward(judge, result)
-                        final = parts.reward
-                    else:
-                        parts = compute_reward(result, None, self.config.reward)
-                    self.feedback = result.feedback(self.config.feedback_chars)
-                    if terminated:
-                        self.feedback += f"\n\nSubmitted. Reward {final:.3f}" + (f" ({parts.note})" if parts.note else "")
-                truncated = not terminated and truncated_now
-                if truncated and self.config.submit_on_truncation and self.last_files:
-                    result = self._evaluate(judge, self.last_files, "full")
-                    parts = self._final_reward(judge, result)
-                    final = parts.reward
-                    self.feedback += f"\n\nTurn budget used up; your last code was scored: reward {final:.3f}"
-                self.done = terminated or truncated
-        except BaseException:  # the infrastructure failed (or the run was interrupted), not the agent:
-            self.turn -= 1  # this turn did not happen
-            raise
-        if self.done and final is None:
-            final = 0.0  # the episode ended unscored
-        score = parts.reward if parts is not None else None
-        reward = self.credit.step(score, final if self.done else None)
-        self.episode_reward += reward
-        if self.done:
-            self.final_reward = final
-        if result is not None:
-            self.last_result = result
-        # the outcome's info() holds what the agent may see (hidden cases by number, no values); the full result
-        # goes to the trace and stays on the host (`last_outcome.result`, `last_result`)
-        outcome = StepOutcome(
-            turn=self.turn, feedback=to_charset(self.feedback), reward=float(reward), terminated=terminated,
-            truncated=truncated, tool=act.tool if act else None, result=result, parts=parts,
-            turn_score=self.credit.scores[-1], final_reward=final if self.done else None,
-            turn_rewards=self.credit.turn_rewards() if self.done else None, parse_error=parse_error,
-            sandbox=slot, step_s=time.monotonic() - t0,
-            context={"task_id": self.task.id, "task_hash": self.task.hash, "trace_path": str(self.trace_path)})
-        self.last_outcome = outcome
-        trace = self._trace
-        if trace is None:  # closed meanwhile (a run being stopped): this turn is not recorded as played
-            raise SandboxError("the env was closed while this step ran")
-        trace.write({"type": "step", "turn": self.turn,
-                     "action": {"tool": outcome.tool, "files": act.files if act else {},
-                                "raw": None if act else _action_text(action)},
-                     "meta": act.meta if act else {}, "observation": outcome.feedback,
-                     "judge_result": result.model_dump(mode="json") if result else None, "reward": outcome.reward,
-                     "reward_parts": parts.model_dump() if parts else None, "turn_score": outcome.turn_score,
-                     "sandbox_slot": slot, "terminated": terminated, "truncated": truncated,
-                     "step_s": outcome.step_s, "error": parse_error})
-        if self.done:
-            self._finish_trace(result.verdict.value if result else None)
-            self._release_slot()
-        return outcome
-
-    def _final_reward(self, judge: JudgeClient, result: JudgeResult) -> RewardBreakdown:
-        ref: list[SizeResult] | None = None
-        if result.correct and self.config.reference != "none":
-            ref = reference_figures(judge, self.task, self.world_size, refresh=self.config.reference == "interleaved")
-        return compute_reward(result, ref, self.config.reward)
+        """One turn, typed (`StepOutcome`, also kept as `last_outcome`): what `step` returns is made from it."""
+        return self.episode.step(action)
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":
@@ -456,14 +136,7 @@ class CommBenchEnv(gym.Env, EzPickle):
         return None
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._finish_trace(self.last_result.verdict.value if self.last_result else None)
-        self._close_sandbox()
-        self._release_slot()
-        if self._owns_pool and self._pool is not None:
-            self._pool.close()
+        self.episode.close()
         super().close()
 
     # -- asyncio -----------------------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ def test_container_removed_after_an_episode():
 
     env = CommBenchEnv(task="p2p/ring_shift", sandbox="docker-cpu", world_size=2, max_turns=2)
     env.reset()
-    cid = env._sandbox.container_id
+    cid = env.episode._sandbox.container_id
     _, reward, term, _, info = env.step({"tool": "submit", "source": load_task("p2p/ring_shift").reference_source()})
     assert term and info["verdict"] == "pass" and reward > 0.5
     env.close()
@@ -240,7 +240,7 @@ def test_a_detached_process_leaves_nothing_after_close():
     env = CommBenchEnv(task="collective/allreduce_ring", sandbox="docker-cpu", world_size=2, max_turns=2,
                        static_check=False)
     env.reset()
-    cid = env._sandbox.container_id
+    cid = env.episode._sandbox.container_id
     env.step({"tool": "check", "source": (ATTACKS / "kernel" / "detached_child.py").read_text()})
     env.close()
     time.sleep(0.5)

@@ -16,7 +16,7 @@ HOLDER = textwrap.dedent("""
     env = CommBenchEnv(task="collective/allreduce_ring", sandbox="local-cpu", max_turns=3, world_size=2,
                        reference="none")
     env.reset()
-    print(env._sandbox.workdir, flush=True)
+    print(env.episode._sandbox.workdir, flush=True)
     env.step({"tool": "check", "source": "def all_reduce(x):\\n    while True:\\n        pass\\n"})
 """)
 

@@ -274,7 +274,7 @@ def test_recycles_after_a_crash_and_an_infrastructure_failure(tmp_path, locks):
         second = info["sandbox"]["id"]
         assert second != first
 
-        env._slot.sandbox.close()  # the sandbox dies under the episode
+        env.episode._slot.sandbox.close()  # the sandbox dies under the episode
         with pytest.raises(SandboxError):
             env.step({"tool": "check", "source": REFERENCE})
         assert env.turn == 0  # the failed turn is not charged to the agent
