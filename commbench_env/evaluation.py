@@ -261,20 +261,20 @@ def unscored_episodes(run_dir: Path) -> dict[str, int]:
 def load_run_traces(run_dir: Path) -> list[Any]:
     """The traces a run's report counts: one per (task, sample), the one results.jsonl names for a finished
     episode (an episode interrupted and played again on resume leaves two traces; only the finished one counts).
-    A folder without results.jsonl (`commbench run`) counts every trace of an episode that ended."""
+    A folder without an eval ledger (`commbench run` writes summaries, not keys) counts every trace of an episode
+    that ended."""
     traces_dir = run_dir / "traces"
     if not traces_dir.is_dir():
         return []
-    ledger = run_dir / RESULTS
-    if ledger.is_file():
-        chosen: dict[str, Path] = {}
-        for line in ledger.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("status") == "done" and rec.get("trace_path"):
-                chosen[rec["key"]] = traces_dir / Path(rec["trace_path"]).name
+    ledger: list[dict] = []
+    for line in (run_dir / RESULTS).read_text().splitlines() if (run_dir / RESULTS).is_file() else []:
+        try:
+            ledger.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    if any("key" in rec and "status" in rec for rec in ledger):  # an eval run's ledger (`commbench run` has none)
+        chosen = {rec["key"]: traces_dir / Path(rec["trace_path"]).name for rec in ledger
+                  if rec.get("status") == "done" and rec.get("trace_path")}
         paths = sorted(chosen.values())
     else:
         paths = sorted(traces_dir.glob("*.jsonl"))

@@ -49,6 +49,11 @@ def test_run_plays_episodes_and_writes_traces(tmp_path):
     assert trace.complete
     shown = cli("trace", "show", rows[0]["trace_path"])
     assert shown.returncode == 0 and "turn 3: submit" in shown.stdout
+    from commbench_env.evaluation import load_run_traces
+
+    assert [t.task_id for t in load_run_traces(tmp_path)] == ["p2p/ring_shift"]  # the report counts the episode
+    report = cli("report", str(tmp_path))
+    assert report.returncode == 0 and "| 1 |" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_unknown_agent_is_a_clear_error():
