@@ -81,3 +81,15 @@ def test_public_view_scrubs_names_from_every_text(visible):
     else:
         assert name not in text and "3.75" not in text and "3.25" not in text and "[17]" not in text
         assert "hidden #1" in text
+
+
+def test_a_hidden_dtype_mismatch_reads_as_one_without_the_dtypes():
+    mm = Mismatch(case="hidden-int", rank=0, output="y", reason="dtype", expected="torch.int64", got="torch.float32",
+                  hidden=True)
+    r = JudgeResult(task_id="t", task_hash="h", mode="check", world_size=2, device_mode="cpu",
+                    verdict=Verdict.wrong_answer,
+                    cases=[CaseResult(name="hidden-int", visible=False, passed=False, mismatch=mm)])
+    text = r.feedback()
+    assert "FAIL hidden #1: rank 0, output 'y': wrong dtype" in text
+    assert "expected ," not in text and "int64" not in text
+

@@ -26,7 +26,7 @@ def _mismatch_line(m: "Mismatch") -> str:
         else:
             s = f"{where}: wrong shape, expected {m.expected}, got {m.got}" if m.expected else f"{where}: {m.detail}"
     elif m.reason == "dtype":
-        s = f"{where}: wrong dtype, expected {m.expected}, got {m.got}"
+        s = f"{where}: wrong dtype, expected {m.expected}, got {m.got}" if m.expected else f"{where}: wrong dtype"
     elif m.reason == "timing":
         s = f"rank {m.rank} timed fastest: {m.detail}"
     else:
