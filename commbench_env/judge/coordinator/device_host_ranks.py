@@ -75,9 +75,9 @@ class DeviceHostRanks(RankGroup):
             raise RankFailure.protocol(HOST, exc, case) from None
         return [split_inputs(d) for d in per]
 
-    def check_call(self, case: CaseSpec, seeds: list[int]) -> list[Handed]:
+    def check_call(self, case: CaseSpec, seeds: list[int], inputs: list[dict]) -> list[Handed]:
         self.links.send(0, {"cmd": "check", "case": case.model_dump(mode="json"), "seeds": seeds,
-                            "out_specs": specs_for(self.ev, case, seeds)})
+                            "out_specs": out_specs(self.ev, case, inputs)})
         self.links.release(case.name)
         return self.split(self.links.one("result", case.name), case.name)
 

@@ -40,7 +40,6 @@ class Evaluation:
     def __init__(self, req: JudgeRequest, spawner: "Spawner | None" = None):
         self.req = req
         self.spawner = spawner
-        self.group: RankGroup | None = None
         self.library = ""  # a cuda candidate's built library
         self.card = TaskCard.model_validate(req.task["card"])
         self.op: GoldenOp = get_op(self.card.semantics.op)
@@ -54,6 +53,15 @@ class Evaluation:
         self.result = JudgeResult(task_id=self.card.id, task_hash=req.task.get("task_hash", ""), mode=req.mode,
                                   world_size=self.world, device_mode=req.device_mode, verdict=Verdict.passed,
                                   judge_version=__version__, source_hash=req.source_hash)
+        # the processes that will run candidate code, in the shape the task's language needs (none started yet)
+        self.group: RankGroup = self._rank_group()
+
+    def _rank_group(self) -> RankGroup:
+        if self.card.language.value == "cuda":
+            from .device_host_ranks import DeviceHostRanks
+
+            return DeviceHostRanks(self)
+        return TorchRanks(self)
 
     # ---- stage 1: static -------------------------------------------------------------------------------
     def static_check(self) -> bool:
@@ -160,14 +168,15 @@ class Evaluation:
         return None
 
     def run_case(self, case: CaseSpec) -> CaseResult:
-        t0 = time.monotonic()
+        t_in = time.monotonic()
         seeds = [self.seed("case", case.name, r) for r in range(self.world)]
-        handed = self.group.check_call(case, seeds)
+        inputs = [self.op.make_inputs(case, r, self.world, seeds[r]) for r in range(self.world)]  # made once here
+        t0 = time.monotonic()
+        handed = self.group.check_call(case, seeds, inputs)
         t1 = time.monotonic()
-        inputs = [self.op.make_inputs(case, r, self.world, seeds[r]) for r in range(self.world)]
         changed = self.inputs_changed(case, inputs, [h[1] for h in handed])
         mm = None if changed else self.op.verify(case, self.world, inputs, [h[0] for h in handed], self.tolerance(case))
-        self.timings.verify_s += time.monotonic() - t1
+        self.timings.verify_s += time.monotonic() - t1 + (t0 - t_in)
         mismatch = changed or (Mismatch(hidden=not case.visible, **mm) if mm else None)
         return CaseResult(name=case.name, visible=case.visible, passed=mismatch is None,
                           seconds=t1 - t0, mismatch=mismatch)
@@ -310,7 +319,7 @@ class Evaluation:
     def scores_median(self) -> bool:
         """Whether timed calls were released one at a time (then the median iteration is safe to score: no call
         could see a later call's inputs) rather than run back-to-back (then the mean is scored)."""
-        return self.group.calls_released_singly if self.group else self.req.device_mode == "cpu"
+        return self.group.calls_released_singly
 
     # ---- stage 5: profile ----------------------------------------------------------------------------
     def profile(self) -> None:
@@ -353,7 +362,7 @@ class Evaluation:
                     self.result.cases.append(CaseResult(name=f.case, visible=case.visible if case else False,
                                                         passed=False, error=f.summary))
         finally:
-            if self.group:
+            if self.group.links:
                 ranks, violations = self.group.stop(self.result.verdict == Verdict.passed, self.req.max_output_chars)
                 self.result.ranks.extend(ranks)
                 self.result.violations.extend(v for v in violations if v not in self.result.violations)
@@ -362,9 +371,8 @@ class Evaluation:
     def run_mode(self) -> None:
         """Start the ranks and run the stages the mode asks for."""
         mode = self.req.mode
-        cuda = self.card.language.value == "cuda"
         if mode == "sanitize":
-            if not cuda:
+            if self.card.language.value != "cuda":
                 raise RankFailure(Verdict.infra_error, "sanitize runs compute-sanitizer on cuda tasks; this task is "
                                                        f"written in {self.card.language.value}")
             from .cuda_tools import sanitize
@@ -378,12 +386,6 @@ class Evaluation:
             return
         if self.spawner is None:
             raise RuntimeError("an evaluation that runs candidate code needs a spawner (judge/coordinator/spawner.py)")
-        if cuda:
-            from .device_host_ranks import DeviceHostRanks
-
-            self.group = DeviceHostRanks(self)
-        else:
-            self.group = TorchRanks(self)
         self.accept_setup(self.group.start())
         if mode in ("check", "full"):
             self.check()

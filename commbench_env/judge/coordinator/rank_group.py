@@ -54,8 +54,9 @@ class RankGroup(ABC):
         before any candidate code existed: the only ones taken for the isolation report and the roofline)."""
 
     @abstractmethod
-    def check_call(self, case: CaseSpec, seeds: list[int]) -> list[Handed]:
-        """One call of every rank on `case`, rank r's inputs made from seeds[r]."""
+    def check_call(self, case: CaseSpec, seeds: list[int], inputs: list[dict]) -> list[Handed]:
+        """One call of every rank on `case`, rank r's inputs made from seeds[r] (`inputs`: the coordinator's own
+        copy, made from the same seeds, for what the group must know ahead, such as output shapes)."""
 
     @abstractmethod
     def bench_calls(self, case: CaseSpec, size: int, perf: PerformanceSpec, seeds: list[list[int]]) -> BenchCalls:

@@ -63,7 +63,7 @@ class TorchRanks(RankGroup):
         ev.timings.load_s = time.monotonic() - t0 - ev.timings.rendezvous_s
         return msgs
 
-    def check_call(self, case: CaseSpec, seeds: list[int]) -> list[Handed]:
+    def check_call(self, case: CaseSpec, seeds: list[int], inputs: list[dict]) -> list[Handed]:
         links, world = self.links, self.ev.world
         links.send_all(lambda r: {"cmd": "check", "case": case.model_dump(mode="json"), "seed": seeds[r]})
         links.release(case.name)
