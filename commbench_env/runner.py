@@ -47,12 +47,15 @@ def play_episode(env: CommBenchEnv, agent: Agent, *, options: dict[str, Any] | N
     obs, info = env.reset(seed=seed, options=options)
     agent.reset(obs, info)
     outcome: StepOutcome | None = None
+
+    def check_stop() -> None:
+        if stop():
+            raise Interrupted(f"{env.task.id}: stopped before turn {env.turn + 1}")
+
     while outcome is None or not outcome.done:
-        if stop():
-            raise Interrupted(f"{env.task.id}: stopped before turn {env.turn + 1}")
+        check_stop()
         action = agent.act(obs, info)
-        if stop():
-            raise Interrupted(f"{env.task.id}: stopped before turn {env.turn + 1}")
+        check_stop()  # an agent call can take minutes: no judge run for a run that was stopped meanwhile
         outcome = env.play_turn(action)
         obs, info = env.observation(), outcome.info()
         if on_turn:
