@@ -432,10 +432,10 @@ def load_all_tasks(base: Path | None = None) -> list[Task]:
     return [t for t in (_try_load(i, base) for i in list_task_ids(base)) if t is not None]
 
 
-def broken_tasks(base: Path | None = None) -> dict[str, str]:
-    """Task id -> why its card does not load (the file and field), for every broken card."""
+def broken_tasks(base: Path | None = None, ids: list[str] | None = None) -> dict[str, str]:
+    """Task id -> why its card does not load (the file and field), for every broken card (of `ids`, if given)."""
     out = {}
-    for task_id in list_task_ids(base):
+    for task_id in list_task_ids(base) if ids is None else ids:
         try:
             load_task(task_id, base)
         except CardError as exc:
@@ -450,9 +450,9 @@ def _try_load(task_id: str, base: Path | None) -> Task | None:
         return None
 
 
-def select_tasks(selector: str | None = None, *, category: str | None = None, difficulty: str | None = None,
-                 language: str | None = None, device_mode: str | None = None, base: Path | None = None) -> list[Task]:
-    """Tasks matching a selector ('all', 'smoke', an id, a category, or a comma list / glob of ids) and filters."""
+def selected_ids(selector: str | None = None, base: Path | None = None) -> tuple[list[str], set[str]]:
+    """The task ids a selector ('all', 'smoke', an id, a category, or a comma list / glob of ids) picks, in order
+    and without repeats, and those of them it names by id. No card is loaded."""
     import fnmatch
 
     ids = list_task_ids(base)
@@ -475,10 +475,14 @@ def select_tasks(selector: str | None = None, *, category: str | None = None, di
                 named.add(part)
             else:
                 raise NotFoundError(f"task selector {part!r} matches nothing; try `commbench tasks`")
-    # a task named by its id must load; one that a category, glob or set selects is left out if its card is
-    # broken, so one broken card never breaks a selection of unrelated tasks (`commbench tasks` lists it)
-    tasks = [t for i in dict.fromkeys(chosen)
-             if (t := load_task(i, base) if i in named else _try_load(i, base)) is not None]
+    return list(dict.fromkeys(chosen)), named
+
+
+def select_tasks(selector: str | None = None, *, category: str | None = None, difficulty: str | None = None,
+                 language: str | None = None, device_mode: str | None = None, base: Path | None = None) -> list[Task]:
+    """Tasks matching a selector (see `selected_ids`) and filters."""
+    chosen, named = selected_ids(selector, base)
+    tasks = [t for i in chosen if (t := load_task(i, base) if i in named else _try_load(i, base)) is not None]
     out = []
     for t in tasks:
         c = t.card

@@ -303,15 +303,14 @@ def validate_cmd(tasks: str = typer.Option("all", help="task selector"),
                  sandbox: str = typer.Option("local-cpu", help="sandbox profile"),
                  mode: str = typer.Option("check", help="check | full")) -> None:
     """Load every card and run every reference through the judge: all must pass."""
-    from .cards import broken_tasks, select_tasks
+    from .cards import broken_tasks, select_tasks, selected_ids
     from .judge.host.client import JudgeClient
     from .sandbox import load_profile, open_sandbox
 
     try:
         mode_of_sandbox = load_profile(sandbox).device_mode
         chosen = select_tasks(tasks)
-        broken = {i: why for i, why in broken_tasks().items() if tasks == "all" or i in tasks or
-                  any(i.startswith(p.strip() + "/") for p in tasks.split(","))}
+        broken = broken_tasks(ids=selected_ids(tasks)[0])  # the selection's broken cards, whatever selects them
         sizes = [int(w) for w in worlds.split(",") if w.strip()]
     except (CommBenchError, ValueError) as exc:
         _fail(exc)

@@ -75,3 +75,13 @@ def test_the_tasks_command_lists_broken_cards(home):
     rows = json.loads(out.stdout)
     assert {r["id"] for r in rows if "broken" in r} == set(BREAKS)
     assert sum("broken" not in r for r in rows) >= 20
+
+
+def test_validate_names_the_broken_cards_its_selection_picks(home):
+    env = {**os.environ, "COMMBENCH_HOME": str(home), "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "commbench_env.cli", "validate", "--tasks", "collective/allreduce_*"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr  # a broken card is a failure of the validation
+    assert "broken card collective/allreduce_ring" in out.stderr and "not UTF-8" in out.stderr
+    assert "p2p/ring_shift" not in out.stderr  # broken, but not in this selection
+    assert "skipped collective/allreduce_oneshot" in out.stdout  # a CUDA task, on a CPU sandbox
