@@ -9,21 +9,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SandboxError
-
 
 @dataclass(frozen=True)
 class InfraPolicy:
+    """The infrastructure's fault is a SandboxError (and its JudgeInfraError): the sandbox or the judge failed,
+    never the agent. Its callers catch that type and ask the policy how often to try again."""
+
     retries: int = 2  # attempts after the first, each on a fresh env and sandbox
 
     def attempts(self) -> Iterator[int]:
         """1, 2, ... up to 1 + retries."""
         return iter(range(1, self.retries + 2))
-
-    @staticmethod
-    def is_infra(exc: BaseException) -> bool:
-        """The sandbox or judge failed (SandboxError and its JudgeInfraError): not the agent's fault."""
-        return isinstance(exc, SandboxError)
 
     @staticmethod
     def describe(exc: BaseException) -> str:
