@@ -40,19 +40,21 @@ class EpisodeKey:
         return f"{self.task_id}#{self.sample}"
 
 
-def finished_keys(out: Path) -> set[str]:
-    """Episodes already in results.jsonl (a torn last line from a crash is ignored)."""
-    done: set[str] = set()
+def ledger(out: Path) -> list[dict[str, Any]]:
+    """The records of a run's results.jsonl, in order (a torn last line from a crash is ignored)."""
     path = out / RESULTS
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("status") == "done":
-                done.add(rec["key"])
-    return done
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def finished_keys(out: Path) -> set[str]:
+    """Episodes already in results.jsonl."""
+    return {rec["key"] for rec in ledger(out) if rec.get("status") == "done"}
 
 
 def _gpu_budget(profile_name: str, world: int, parallel: int) -> int:
@@ -243,12 +245,7 @@ def _stop_run(pool: ThreadPoolExecutor, futures: dict, stop: StopSignal, record:
 def unscored_episodes(run_dir: Path) -> dict[str, int]:
     """Episodes of a run that never finished, by why (`infra_error`, `interrupted`): counted apart, never scored."""
     last: dict[str, str] = {}
-    ledger = run_dir / RESULTS
-    for line in ledger.read_text().splitlines() if ledger.is_file() else []:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for rec in ledger(run_dir):
         if rec.get("status") == "done" or last.get(rec.get("key")) != "done":
             last[rec.get("key")] = rec.get("status", "?")
     out: dict[str, int] = {}
@@ -266,14 +263,9 @@ def load_run_traces(run_dir: Path) -> list[Any]:
     traces_dir = run_dir / "traces"
     if not traces_dir.is_dir():
         return []
-    ledger: list[dict] = []
-    for line in (run_dir / RESULTS).read_text().splitlines() if (run_dir / RESULTS).is_file() else []:
-        try:
-            ledger.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    if any("key" in rec and "status" in rec for rec in ledger):  # an eval run's ledger (`commbench run` has none)
-        chosen = {rec["key"]: traces_dir / Path(rec["trace_path"]).name for rec in ledger
+    records = ledger(run_dir)
+    if any("key" in rec and "status" in rec for rec in records):  # an eval run's ledger (`commbench run`'s is not)
+        chosen = {rec["key"]: traces_dir / Path(rec["trace_path"]).name for rec in records
                   if rec.get("status") == "done" and rec.get("trace_path")}
         paths = sorted(chosen.values())
     else:
