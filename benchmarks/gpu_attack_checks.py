@@ -18,7 +18,7 @@ from pathlib import Path
 
 from commbench_env.cards import load_task
 from commbench_env.judge.host.client import JudgeClient
-from commbench_env.reward import compute_reward
+from commbench_env.score.reward import compute_reward
 from commbench_env.sandbox import load_profile, open_sandbox
 
 ROOT = Path(__file__).resolve().parents[1] / "tests" / "attacks"

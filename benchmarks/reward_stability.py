@@ -1,6 +1,6 @@
 """Reward stability: the same submission evaluated N times in a row; prints the mean and standard deviation.
 
-The reference figures are measured as the env measures them (commbench_env.reference: on a GPU, each size's
+The reference figures are measured as the env measures them (commbench_env.score.reference: on a GPU, each size's
 median of three runs), then the reference itself is submitted N times and scored against them; a stable judge
 gives rewards near 1.0 with a small spread. Rewards are clipped at 1.0, so the spread of the speedup is printed
 too: it is the honest figure.
@@ -17,8 +17,8 @@ import statistics
 from commbench_env.cards import load_task
 from commbench_env.errors import JudgeInfraError
 from commbench_env.judge.host.client import JudgeClient
-from commbench_env.reference import reference_figures
-from commbench_env.reward import compute_reward
+from commbench_env.score.reference import reference_figures
+from commbench_env.score.reward import compute_reward
 from commbench_env.sandbox import load_profile, open_sandbox
 
 

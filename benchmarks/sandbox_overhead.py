@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commbench_env.cards import load_task
-from commbench_env.env import CommBenchEnv
+from commbench_env.episode.gym_env import CommBenchEnv
 
 
 def measure(profile: str, task: str, world: int, episodes: int, steps: int) -> tuple[float, float, float]:

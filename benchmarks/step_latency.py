@@ -25,7 +25,7 @@ from rich.table import Table
 
 import commbench_env  # noqa: F401
 from commbench_env.cards import load_task
-from commbench_env.env import CommBenchEnv
+from commbench_env.episode.gym_env import CommBenchEnv
 
 TASK = "p2p/ring_shift"
 

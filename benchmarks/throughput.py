@@ -2,9 +2,9 @@
 
 - `commbench eval` (evaluation.run_eval, threads): every episode makes its own env, so its own sandbox and judge
   server (a fresh interpreter importing torch) -- the non-pooled way;
-- EpisodePool + SandboxPool (rollouts.py, pool.py): asyncio episodes borrowing warm sandboxes, reset between
+- EpisodePool + SandboxPool (run/rollouts.py, sandbox/pool.py): asyncio episodes borrowing warm sandboxes, reset between
   episodes;
-- Ray (ray_backend.run_episodes_ray on a one-node Ray instance on loopback), when commbench_env.ray_backend and ray
+- Ray (ray_backend.run_episodes_ray on a one-node Ray instance on loopback), when commbench_env.run.ray_backend and ray
   are importable; otherwise the column says "not installed".
 
 Each cell plays the same episodes (the `reference` agent: check the starter, check the reference, submit it) from
@@ -36,11 +36,11 @@ from rich.table import Table
 import commbench_env  # noqa: F401
 from commbench_env.agents import load_agent
 from commbench_env.cards import load_task, select_tasks
-from commbench_env.evaluation import run_eval
+from commbench_env.run.evaluation import run_eval
 from commbench_env.judge.host.client import JudgeClient
-from commbench_env.pool import SandboxPool
-from commbench_env.reference import reference_figures
-from commbench_env.rollouts import EpisodePool, EpisodeRequest
+from commbench_env.sandbox.pool import SandboxPool
+from commbench_env.score.reference import reference_figures
+from commbench_env.run.rollouts import EpisodePool, EpisodeRequest
 from commbench_env.sandbox import load_profile, open_sandbox
 
 AGENT = "reference"
@@ -117,7 +117,7 @@ def pool_cell(sandbox: str, tasks: list[str], repeats: int, concurrency: int) ->
 
 
 def ray_runner() -> tuple[Callable[[str, list[str], int, int], Cell] | None, str]:
-    """The Ray column's runner, or why there is none. The hook: commbench_env.ray_backend.run_episodes_ray(jobs, *,
+    """The Ray column's runner, or why there is none. The hook: commbench_env.run.ray_backend.run_episodes_ray(jobs, *,
     trace_dir, options) with EpisodeJob and RayOptions from the same module."""
     try:
         import ray  # noqa: F401

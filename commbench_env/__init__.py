@@ -14,7 +14,8 @@ def _register() -> None:
     import gymnasium
 
     if "CommBench-v0" not in gymnasium.registry:
-        gymnasium.register(id="CommBench-v0", entry_point="commbench_env.env:CommBenchEnv", nondeterministic=True)
+        gymnasium.register(id="CommBench-v0", entry_point="commbench_env.episode.gym_env:CommBenchEnv",
+                           nondeterministic=True)
 
 
 # The judge inside a sandbox (judge/__main__.py sets this) needs no Gymnasium, whose import is 0.4 s of every call.

@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .config import StrictModel, load_model, read_toml
 from .errors import CardError, NotFoundError
-from .paths import tasks_dir
+from .paths import CUDA_HEADER_DIR, tasks_dir
 
 CARD_FILE = "task.toml"
 PROMPT_FILE = "prompt.md"
@@ -339,10 +339,8 @@ class Task:
         if p.gpu_sizes:
             lines.append(f"- on GPUs the sizes are {', '.join(_fmt_bytes(s) for s in p.gpu_sizes)}.")
         if c.language == Language.cuda:
-            from .judge.coordinator.cuda_build import HEADER_DIR
-
             lines += ["", "## commbench.h (the calling convention)", "```c",
-                      (HEADER_DIR / "commbench.h").read_text().rstrip(), "```"]
+                      (CUDA_HEADER_DIR / "commbench.h").read_text().rstrip(), "```"]
         fence = "cuda" if c.language == Language.cuda else "python"
         lines += ["", f"## Starter: {c.entry.file}", f"```{fence}", self.starter.rstrip(), "```"]
         return "\n".join(lines) + "\n"

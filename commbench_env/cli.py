@@ -127,7 +127,7 @@ def run_cmd(tasks: str = typer.Option("smoke", help="selector: smoke | all | a c
     """Play episodes of an agent on tasks and print verdicts, bandwidth and rewards."""
     from .agents import load_agent_card
     from .cards import select_tasks
-    from .runner import run_tasks
+    from .run.runner import run_tasks
 
     try:
         selected = select_tasks(tasks)
@@ -195,14 +195,14 @@ def eval_cmd(agent: str = typer.Option(..., help="agent card name or path"),
                                              "GPU each episode asks for")) -> None:
     """Evaluate an agent: traces and results.jsonl in OUT; finished episodes are skipped on restart."""
     from .cards import select_tasks
-    from .evaluation import run_eval
+    from .run.evaluation import run_eval
 
     ray_options = None
     try:
         selected = select_tasks(tasks)
         if backend == "ray":
             from .agents import load_agent_card
-            from .ray_backend import RayOptions, agent_env_vars, require_ray
+            from .run.ray_backend import RayOptions, agent_env_vars, require_ray
 
             require_ray()
             ray_options = RayOptions(address=ray_address, gpu_share=gpu_share, max_in_flight=parallel,
@@ -248,7 +248,7 @@ def eval_cmd(agent: str = typer.Option(..., help="agent card name or path"),
 def report_cmd(runs: list[Path] = typer.Argument(..., help="one or more run folders (side by side)"),
                out: Optional[Path] = typer.Option(None, help="where report.md and the plots go (default: first run)")) -> None:
     """Leaderboard metrics of runs, recomputed from their traces, with plots and a Markdown summary."""
-    from .report import build_report
+    from .run.report import build_report
 
     for r in runs:
         if not (r / "traces").is_dir():
@@ -279,7 +279,7 @@ def rows_cmd(out: Path = typer.Option(..., help="file to write: .parquet (verl's
              multi_turn: bool = typer.Option(False, "--multi-turn",
                                              help="trl: the tool-calling system prompt")) -> None:
     """Write training rows (one per task and repeat: the prompt the agent sees, the task id, the world size)."""
-    from .trainers.common import task_rows, verl_rows, write_rows
+    from .integrations.common import task_rows, verl_rows, write_rows
 
     if trainer not in ("verl", "trl"):
         _fail(CommBenchError(f"--trainer must be verl or trl, not {trainer!r}"))
@@ -352,7 +352,7 @@ def validate_cmd(tasks: str = typer.Option("all", help="task selector"),
 def trace_show(path: Path = typer.Argument(..., help="a trace .jsonl file"),
                source: bool = typer.Option(False, help="print the code of every turn too")) -> None:
     """Print a readable turn-by-turn summary of a trace."""
-    from .trace import format_trace, read_trace
+    from .trace.records import format_trace, read_trace
 
     try:
         print(format_trace(read_trace(path), show_source=source))
@@ -365,7 +365,7 @@ def view_cmd(paths: list[Path] = typer.Argument(..., help="traces, run folders o
              port: int = typer.Option(0, help="port on 127.0.0.1 (0: any free one)"),
              export: Optional[Path] = typer.Option(None, "--export", help="write static pages here instead of serving")) -> None:
     """Browse episodes: a run overview (filter, sort, pages) and episode pages turn by turn."""
-    from .viewer import export_static, serve
+    from .trace.viewer import export_static, serve
 
     for p in paths:
         if not p.exists():
@@ -389,7 +389,7 @@ def replay_cmd(trace: Path = typer.Argument(..., help="a trace .jsonl file"),
                turn: Optional[int] = typer.Option(None, help="replay only this turn"),
                tolerance: float = typer.Option(0.5, help="relative tolerance on benchmark times")) -> None:
     """Re-run a trace's recorded actions through the judge; say per turn whether verdict and figures match."""
-    from .replay import replay_trace
+    from .trace.replay import replay_trace
 
     try:
         task_id, turns = replay_trace(trace, sandbox=sandbox, turn=turn, tolerance=tolerance)
@@ -409,7 +409,7 @@ def replay_cmd(trace: Path = typer.Argument(..., help="a trace .jsonl file"),
 @trace_app.command("list")
 def trace_list(folder: Path = typer.Argument(..., help="a run folder or a traces folder")) -> None:
     """List the traces in a folder with task, turns, verdict and reward."""
-    from .trace import read_trace
+    from .trace.records import read_trace
 
     files = sorted(folder.rglob("*.jsonl"))
     table = Table(title=f"{len(files)} files")

@@ -8,6 +8,7 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 _REPO_ROOT = PACKAGE_DIR.parent
 _BUNDLED = PACKAGE_DIR / "_cards"
+CUDA_HEADER_DIR = PACKAGE_DIR / "judge" / "cuda"  # commbench.h: compiled into every candidate, quoted in CUDA prompts
 
 
 def cards_root() -> Path:

@@ -11,9 +11,9 @@ import tempfile
 
 from commbench_env.agents import load_agent
 from commbench_env.agents.base import AgentCard
-from commbench_env.env import CommBenchEnv
-from commbench_env.runner import play_episode
-from commbench_env.trace import format_trace, read_trace
+from commbench_env.episode.gym_env import CommBenchEnv
+from commbench_env.run.runner import play_episode
+from commbench_env.trace.records import format_trace, read_trace
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ import argparse
 from pathlib import Path
 
 from commbench_env.cards import select_tasks
-from commbench_env.evaluation import run_eval
-from commbench_env.report import build_report
+from commbench_env.run.evaluation import run_eval
+from commbench_env.run.report import build_report
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import random
 import statistics
 
 from commbench_env.cards import load_task
-from commbench_env.env import CommBenchEnv
+from commbench_env.episode.gym_env import CommBenchEnv
 
 TASK = "p2p/ring_shift"
 CANDIDATES = {

@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def model_and_tokenizer(name: str, tasks: str) -> tuple[Any, Any]:
     if name == "tiny":
         from commbench_env.cards import select_tasks
-        from commbench_env.trainers.tiny import corpus, tiny_model, tiny_tokenizer
+        from commbench_env.integrations.tiny import corpus, tiny_model, tiny_tokenizer
 
         tok = tiny_tokenizer(corpus(t.id for t in select_tasks(tasks)))
         return tiny_model(tok), tok
@@ -64,8 +64,8 @@ def model_and_tokenizer(name: str, tasks: str) -> tuple[Any, Any]:
 def build_trainer(a: argparse.Namespace, out: str) -> tuple[Any, Any]:
     from trl import GRPOConfig, GRPOTrainer
 
-    from commbench_env.trainers import task_rows
-    from commbench_env.trainers.trl_adapter import (CommBenchEpisodeReward, CommBenchReward, CommBenchToolEnv,
+    from commbench_env.integrations import task_rows
+    from commbench_env.integrations.trl_adapter import (CommBenchEpisodeReward, CommBenchReward, CommBenchToolEnv,
                                                     task_dataset)
 
     model, tok = model_and_tokenizer(a.model, a.tasks)
@@ -87,7 +87,7 @@ def build_trainer(a: argparse.Namespace, out: str) -> tuple[Any, Any]:
     else:
         scorer = None
         if a.ray_actors:
-            from commbench_env.ray_backend import RayScorer
+            from commbench_env.run.ray_backend import RayScorer
 
             scorer = RayScorer(a.sandbox, actors=a.ray_actors, world=a.world, trace_dir=trace_dir)
         reward = CommBenchReward(scorer, sandbox=a.sandbox, parallel=a.parallel, trace_dir=trace_dir)

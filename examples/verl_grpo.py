@@ -24,7 +24,7 @@ For real (a GPU host, `pip install verl[vllm]` as verl's docs say; CommBench's r
         actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.n=8 \\
         actor_rollout_ref.rollout.multi_turn.enable=True actor_rollout_ref.rollout.multi_turn.format=hermes \\
         actor_rollout_ref.rollout.agent.agent_loop_config_path=$(python -c \\
-            "from commbench_env.trainers.verl_adapter import VERL_AGENT_LOOP_CONFIG as p; print(p)") \\
+            "from commbench_env.integrations.verl_adapter import VERL_AGENT_LOOP_CONFIG as p; print(p)") \\
         actor_rollout_ref.rollout.agent.default_agent_loop=commbench trainer.n_gpus_per_node=8
 
 Judging then uses the config's sandbox (`local-cpu` over gloo, needing no GPU; copy the yaml and set `sandbox:
@@ -127,8 +127,8 @@ def train(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
     from commbench_env.cards import select_tasks
-    from commbench_env.trainers.tiny import corpus, tiny_model, tiny_tokenizer
-    from commbench_env.trainers.verl_adapter import (VERL_AGENT_LOOP_CONFIG, verl_config, verl_rows,
+    from commbench_env.integrations.tiny import corpus, tiny_model, tiny_tokenizer
+    from commbench_env.integrations.verl_adapter import (VERL_AGENT_LOOP_CONFIG, verl_config, verl_rows,
                                                       write_verl_dataset)
 
     tok = tiny_tokenizer(corpus(t.id for t in select_tasks(a.tasks)))

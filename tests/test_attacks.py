@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from commbench_env.judge.host.result import Verdict
-from commbench_env.reward import compute_reward
+from commbench_env.score.reward import compute_reward
 
 from .conftest import ATTACKS
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from commbench_env.trace import read_trace
+from commbench_env.trace.records import read_trace
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -49,7 +49,7 @@ def test_run_plays_episodes_and_writes_traces(tmp_path):
     assert trace.complete
     shown = cli("trace", "show", rows[0]["trace_path"])
     assert shown.returncode == 0 and "turn 3: submit" in shown.stdout
-    from commbench_env.evaluation import load_run_traces
+    from commbench_env.run.evaluation import load_run_traces
 
     assert [t.task_id for t in load_run_traces(tmp_path)] == ["p2p/ring_shift"]  # the report counts the episode
     report = cli("report", str(tmp_path))

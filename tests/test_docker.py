@@ -95,7 +95,7 @@ def test_judge_in_a_container(sb):
 
 def test_container_removed_after_an_episode():
     require_docker()
-    from commbench_env.env import CommBenchEnv
+    from commbench_env.episode.gym_env import CommBenchEnv
 
     env = CommBenchEnv(task="p2p/ring_shift", sandbox="docker-cpu", world_size=2, max_turns=2)
     env.reset()
@@ -233,7 +233,7 @@ def test_a_detached_process_leaves_nothing_after_close():
     """An episode whose submission tries to leave a detached process behind: after env.close() there is no such
     process on the host and no container of the episode."""
     require_docker()
-    from commbench_env.env import CommBenchEnv
+    from commbench_env.episode.gym_env import CommBenchEnv
 
     from .conftest import ATTACKS
 

@@ -11,9 +11,9 @@ import commbench_env  # noqa: F401 - registers CommBench-v0
 from commbench_env.agents import load_agent
 from commbench_env.agents.base import AgentCard
 from commbench_env.cards import load_task
-from commbench_env.env import CommBenchEnv
-from commbench_env.runner import play_episode
-from commbench_env.trace import format_trace, read_trace
+from commbench_env.episode.gym_env import CommBenchEnv
+from commbench_env.run.runner import play_episode
+from commbench_env.trace.records import format_trace, read_trace
 
 TASK = "collective/allreduce_ring"
 
@@ -29,7 +29,7 @@ def env(trace_dir):
 def test_registered_nondeterministic():
     spec = gymnasium.spec("CommBench-v0")
     assert spec.nondeterministic is True
-    assert spec.entry_point == "commbench_env.env:CommBenchEnv"
+    assert spec.entry_point == "commbench_env.episode.gym_env:CommBenchEnv"
 
 
 def test_check_env_passes(trace_dir):
@@ -116,7 +116,7 @@ def test_bad_input_gives_feedback_and_never_a_lost_turn(env, action, why):
 
 
 def test_a_message_fence_follows_the_task_language():
-    from commbench_env.actions import ParseError, parse_action
+    from commbench_env.episode.actions import ParseError, parse_action
 
     msg = "tool: check\n```{lang}\nbody\n```"
     assert parse_action(msg.format(lang="cuda"), "solution.cu", "cuda").files == {"solution.cu": "body\n"}
@@ -252,7 +252,7 @@ def test_a_gpu_profile_on_a_host_without_gpus_is_refused_before_anything_runs(tr
 
 
 def test_reference_figures_are_kept_apart_by_sandbox_limits():
-    from commbench_env.reference import limits_key
+    from commbench_env.score.reference import limits_key
     from commbench_env.sandbox import load_profile
 
     cpu = load_profile("local-cpu")

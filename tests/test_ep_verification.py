@@ -19,7 +19,7 @@ from commbench_env.golden import get_op
 from commbench_env.golden.compare import first_mismatch
 from commbench_env.judge.protocol import sample_positions
 from commbench_env.judge.host.result import Verdict
-from commbench_env.reward import compute_reward
+from commbench_env.score.reward import compute_reward
 
 from .conftest import ATTACKS
 

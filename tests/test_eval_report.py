@@ -9,9 +9,9 @@ import pytest
 
 from commbench_env.agents.base import AgentCard
 from commbench_env.cards import select_tasks
-from commbench_env.evaluation import RESULTS, run_eval
-from commbench_env.report import build_report, pass_at_k
-from commbench_env.trace import TRACE_SCHEMA, TraceWriter
+from commbench_env.run.evaluation import RESULTS, run_eval
+from commbench_env.run.report import build_report, pass_at_k
+from commbench_env.trace.records import TRACE_SCHEMA, TraceWriter
 
 TASKS = "p2p/ring_shift,collective/allreduce_ring"
 SUBMIT = AgentCard(name="reference-submit", kind="reference", max_turns=2, params={"plan": ["submit:reference"]})
@@ -161,8 +161,8 @@ def test_ctrl_c_stops_eval_within_seconds_and_the_rerun_counts_each_episode_once
     import sys
     import time
 
-    from commbench_env.evaluation import load_run_traces
-    from commbench_env.trace import read_trace
+    from commbench_env.run.evaluation import load_run_traces
+    from commbench_env.trace.records import read_trace
 
     tasks = "collective/allreduce_ring,p2p/ring_shift,utility/barrier_p2p"
     cmd = [sys.executable, "-m", "commbench_env.cli", "eval", "--agent", "reference", "--tasks", tasks,
@@ -187,7 +187,7 @@ def test_ctrl_c_stops_eval_within_seconds_and_the_rerun_counts_each_episode_once
             assert t.end["final_verdict"] is None and t.end["reward"] == 0.0
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert not leftover, f"processes of the stopped run still run: {leftover}"
-    from commbench_env.evaluation import unscored_episodes
+    from commbench_env.run.evaluation import unscored_episodes
 
     assert unscored_episodes(tmp_path).get("interrupted", 0) >= 1  # counted apart, never scored
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

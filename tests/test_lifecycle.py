@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 HOLDER = textwrap.dedent("""
-    from commbench_env.env import CommBenchEnv
+    from commbench_env.episode.gym_env import CommBenchEnv
     env = CommBenchEnv(task="collective/allreduce_ring", sandbox="local-cpu", max_turns=3, world_size=2,
                        reference="none")
     env.reset()

@@ -14,10 +14,10 @@ from commbench_env.agents import load_agent
 from commbench_env.agents.base import AgentCard, load_agent_card
 from commbench_env.agents.llm import AgentError, Reply, Turn, parse_text_reply
 from commbench_env.cards import load_task
-from commbench_env.env import CommBenchEnv
+from commbench_env.episode.gym_env import CommBenchEnv
 from commbench_env.errors import CardError
-from commbench_env.runner import play_episode
-from commbench_env.trace import read_trace
+from commbench_env.run.runner import play_episode
+from commbench_env.trace.records import read_trace
 
 from .fake_providers import (FakeProvider, anthropic_error, anthropic_refusal, anthropic_text, anthropic_tool_use,
                              openai_error, openai_refusal, openai_text, openai_tool_call, responses_refusal,

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from commbench_env.cards import load_task
-from commbench_env.env import CommBenchEnv
+from commbench_env.episode.gym_env import CommBenchEnv
 from commbench_env.errors import SandboxError
 from commbench_env.judge.host.result import JudgeResult, RankStatus, Verdict
-from commbench_env.pool import SandboxPool, recycle_reason
-from commbench_env.rollouts import EpisodePool, EpisodeRequest
+from commbench_env.sandbox.pool import SandboxPool, recycle_reason
+from commbench_env.run.rollouts import EpisodePool, EpisodeRequest
 from commbench_env.sandbox import load_profile
 from commbench_env.sandbox.gpus import NVLINK_BASE, PCIE_BASE, GpuLease, GpuTopology, nvml_topology
 from commbench_env.sandbox.ports import PortLease, default_port_range

@@ -12,9 +12,9 @@ import json
 import pytest
 
 from commbench_env.cards import load_task
-from commbench_env.env import CommBenchEnv
+from commbench_env.episode.gym_env import CommBenchEnv
 from commbench_env.judge.host.result import CaseResult, JudgeResult, Mismatch, RankStatus, Verdict
-from commbench_env.trace import read_trace
+from commbench_env.trace.records import read_trace
 
 TASK = "collective/allreduce_ring"
 REFERENCE = load_task(TASK).reference_source()

@@ -12,12 +12,12 @@ import pytest
 
 from commbench_env.cards import load_task
 from commbench_env.errors import CardError, CommBenchError
-from commbench_env.evaluation import run_eval
-from commbench_env.ray_backend import (EpisodeJob, RayOptions, RayScorer, RemoteEnv, agent_env_vars, episode_resources,
+from commbench_env.run.evaluation import run_eval
+from commbench_env.run.ray_backend import (EpisodeJob, RayOptions, RayScorer, RemoteEnv, agent_env_vars, episode_resources,
                                        pin_gpus, require_ray, run_episodes_ray)
 from commbench_env.sandbox import load_profile
-from commbench_env.scoring import Submission
-from commbench_env.trace import read_trace
+from commbench_env.run.scoring import Submission
+from commbench_env.trace.records import read_trace
 
 TASK = "p2p/ring_shift"
 
@@ -81,7 +81,7 @@ def test_cli_eval_on_ray(tmp_path):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from commbench_env.ray_backend import init_local_ray
+    from commbench_env.run.ray_backend import init_local_ray
 
     r = init_local_ray(num_cpus=2)
     assert {n["NodeManagerAddress"] for n in r.nodes()} == {"127.0.0.1"}
@@ -166,8 +166,8 @@ def test_remote_env_plays_a_multi_turn_episode(local_ray, tmp_path):
 
 def test_trl_tool_env_on_a_ray_actor(local_ray, tmp_path):
     """CommBenchToolEnv(remote=True): the multi-turn TRL env with its sandbox in a Ray actor."""
-    from commbench_env.trainers import task_rows
-    from commbench_env.trainers.trl_adapter import CommBenchEpisodeReward, CommBenchToolEnv
+    from commbench_env.integrations import task_rows
+    from commbench_env.integrations.trl_adapter import CommBenchEpisodeReward, CommBenchToolEnv
 
     env = CommBenchToolEnv(max_turns=2, remote=True, world=2, trace_dir=str(tmp_path))
     try:

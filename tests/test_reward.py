@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from commbench_env.judge.host.result import CaseResult, JudgeResult, SizeResult, Verdict
-from commbench_env.reward import RewardConfig, band_of, compute_reward
+from commbench_env.score.reward import RewardConfig, band_of, compute_reward
 
 
 def size(n: int, t: float) -> SizeResult:
@@ -66,7 +66,7 @@ def test_bands():
 
 def test_reference_figures_keep_each_sizes_median_run():
     """A GPU reference is run three times; one run's outlier at one size must not become the yardstick."""
-    from commbench_env.reference import _median_runs
+    from commbench_env.score.reference import _median_runs
 
     runs = [[size(1024, 10.0), size(1 << 20, 300.0)],  # an outlier at 1 MiB
             [size(1024, 50.0), size(1 << 20, 100.0)],  # an outlier at 1 KiB

@@ -9,8 +9,8 @@ import pytest
 
 from commbench_env.agents import load_agent
 from commbench_env.cards import load_task
-from commbench_env.env import CommBenchEnv
-from commbench_env.rollouts import EpisodePool, EpisodeRequest
+from commbench_env.episode.gym_env import CommBenchEnv
+from commbench_env.run.rollouts import EpisodePool, EpisodeRequest
 from commbench_env.sandbox import load_profile
 
 TASK = "p2p/ring_shift"

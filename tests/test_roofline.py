@@ -11,7 +11,7 @@ import torch
 
 from commbench_env.judge.candidate import roofline
 from commbench_env.judge.host.result import JudgeResult, Roofline, SizeResult, Verdict
-from commbench_env.viewer.data import episode_view
+from commbench_env.trace.viewer.data import episode_view
 
 
 def _size(busbw: float, pct: float | None) -> SizeResult:
@@ -46,7 +46,7 @@ def test_feedback_shows_percent_of_roofline_and_says_emulated():
 def test_viewer_turns_carry_the_roofline():
     from pathlib import Path
 
-    from commbench_env.trace import Trace
+    from commbench_env.trace.records import Trace
 
     jr = JudgeResult(task_id="p2p/ipc_pull_copy", task_hash="x", mode="benchmark", world_size=2,
                      device_mode="cuda", verdict=Verdict.passed,

@@ -13,9 +13,9 @@ import pytest
 
 from commbench_env.cards import load_task
 from commbench_env.errors import CommBenchError
-from commbench_env.scoring import extract_code
-from commbench_env.trainers import task_rows
-from commbench_env.trainers.trl_adapter import CommBenchEpisodeReward, CommBenchReward, CommBenchToolEnv
+from commbench_env.run.scoring import extract_code
+from commbench_env.integrations import task_rows
+from commbench_env.integrations.trl_adapter import CommBenchEpisodeReward, CommBenchReward, CommBenchToolEnv
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK = "p2p/ring_shift"

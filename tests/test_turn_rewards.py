@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from commbench_env.agents import load_agent
-from commbench_env.env import CommBenchEnv
-from commbench_env.pool import SandboxPool
-from commbench_env.reward import TurnCredit, TurnRewardConfig
-from commbench_env.runner import play_episode
-from commbench_env.trace import read_trace
+from commbench_env.episode.gym_env import CommBenchEnv
+from commbench_env.sandbox.pool import SandboxPool
+from commbench_env.score.reward import TurnCredit, TurnRewardConfig
+from commbench_env.run.runner import play_episode
+from commbench_env.trace.records import read_trace
 
 TASK = "p2p/ring_shift"
 

@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode
 
 import commbench_env  # noqa: F401 - registers CommBench-v0
 from commbench_env.cards import SMOKE_SET, load_task
-from commbench_env.env import CommBenchEnv
+from commbench_env.episode.gym_env import CommBenchEnv
 
 TASK = "p2p/ring_shift"
 REFERENCE = load_task(TASK).reference_source()

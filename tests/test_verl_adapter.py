@@ -25,8 +25,8 @@ from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from commbench_env.cards import load_task  # noqa: E402
-from commbench_env.trainers.tiny import corpus, tiny_tokenizer  # noqa: E402
-from commbench_env.trainers.verl_adapter import (AGENT_NAME, verl_config, verl_rows,  # noqa: E402
+from commbench_env.integrations.tiny import corpus, tiny_tokenizer  # noqa: E402
+from commbench_env.integrations.verl_adapter import (AGENT_NAME, verl_config, verl_rows,  # noqa: E402
                                                  write_verl_dataset)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ class ScriptedServer:
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
-    from commbench_env.trainers.tiny import tiny_model
+    from commbench_env.integrations.tiny import tiny_model
 
     tok = tiny_tokenizer(corpus([TASK]))
     tiny_model(tok).save_pretrained(path)
@@ -66,7 +66,7 @@ def tiny_dir(tmp_path_factory):
 def rollout(tiny_dir: Path, tmp_path: Path, scripts: list[list[str]], max_turns: int = 2, options: str = ""):
     data = write_verl_dataset(verl_rows(TASK, world_size=2), tmp_path / "train.parquet")
     loops = tmp_path / "loops.yaml"
-    loops.write_text(f"- name: {AGENT_NAME}\n  _target_: commbench_env.trainers.verl_adapter.CommBenchAgentLoop\n"
+    loops.write_text(f"- name: {AGENT_NAME}\n  _target_: commbench_env.integrations.verl_adapter.CommBenchAgentLoop\n"
                      f"  max_turns: {max_turns}\n{options}  env_options:\n    trace_dir: {tmp_path / 'traces'}\n")
     cfg = verl_config(tiny_dir, data, loop_config=loops, overrides=[
         "data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
@@ -125,7 +125,7 @@ def test_agent_loop_judges_tool_calls_and_places_the_episode_reward(tiny_dir, tm
 def test_max_sandboxes_bounds_the_trajectories_that_hold_one(tiny_dir, tmp_path):
     """With max_sandboxes 1, the three trajectories play one after another on one warm sandbox, which stays for the
     next batch; without a bound, each would have made its own."""
-    from commbench_env.trainers import verl_adapter
+    from commbench_env.integrations import verl_adapter
 
     scripts = [[tool_call("check", load_task(TASK).reference_source()), "done<|im_end|>"]] * 3
     out, server, _ = rollout(tiny_dir, tmp_path, scripts, options="  max_sandboxes: 1\n")
@@ -150,13 +150,13 @@ def test_grpo_example_runs_on_cpu(tmp_path):
 
 def test_without_verl_the_import_says_what_to_install():
     code = ("import sys; sys.modules['verl'] = None\n"
-            "try:\n    import commbench_env.trainers.verl_adapter\nexcept ImportError as e:\n    print(e)\n")
+            "try:\n    import commbench_env.integrations.verl_adapter\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "pip install 'commbench-env[verl]'" in out.stdout, out.stdout + out.stderr
 
 
 def test_cuda_tasks_also_get_the_sanitize_tool():
-    from commbench_env.trainers.common import tool_schemas
+    from commbench_env.integrations.common import tool_schemas
 
     names = lambda task: [t["function"]["name"] for t in tool_schemas(task)]  # noqa: E731
     assert names(TASK) == ["compile", "check", "benchmark", "profile", "submit"]

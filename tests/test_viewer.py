@@ -10,8 +10,8 @@ import pytest
 
 from commbench_env.agents.base import AgentCard
 from commbench_env.cards import select_tasks
-from commbench_env.evaluation import run_eval
-from commbench_env.viewer import EpisodeIndex, export_static, serve
+from commbench_env.run.evaluation import run_eval
+from commbench_env.trace.viewer import EpisodeIndex, export_static, serve
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):

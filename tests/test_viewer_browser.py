@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from commbench_env.cards import load_task
-from commbench_env.env import CommBenchEnv
-from commbench_env.viewer import export_static, serve
+from commbench_env.episode.gym_env import CommBenchEnv
+from commbench_env.trace.viewer import export_static, serve
 
 from .conftest import SUBMISSIONS
 

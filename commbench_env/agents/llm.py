@@ -38,7 +38,7 @@ from typing import Any, Literal
 from pydantic import Field
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from ..actions import TOOLS, code_blocks, tool_named_in
+from ..episode.actions import TOOLS, code_blocks, tool_named_in
 from ..config import StrictModel
 from ..errors import AgentError
 from .base import AgentCard
@@ -154,7 +154,7 @@ def summarise(feedback: str | None, lines: int) -> str:
 
 def parse_text_reply(text: str) -> tuple[str | None, str]:
     """(tool or None, source) from a plain-text reply: its last 'tool: <name>' line and last fenced block (any
-    language tag), by the env's one grammar (actions.py)."""
+    language tag), by the env's one grammar (episode/actions.py)."""
     blocks = code_blocks(text)
     return tool_named_in(text), (blocks[-1] if blocks else "")
 

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ..config import StrictModel
 from ..errors import CardError
-from ..trace import read_trace
+from ..trace.records import read_trace
 from .base import AgentCard
 
 

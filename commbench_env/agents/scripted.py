@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ..actions import TOOLS
+from ..episode.actions import TOOLS
 from ..config import StrictModel
 from ..errors import CardError
 from .base import AgentCard

@@ -1,7 +1,7 @@
 """Judge entry inside the sandbox: `python -m commbench_env.judge run|serve|stop`.
 
-The host starts it isolated (`python -I`, see `judge_command`): no start directory or user site on sys.path, so a
-package a candidate left in the sandbox is never imported by a later judge. `run` reads the host's token (first
+The host starts it isolated (`python -I`, see `protocol.judge_command`): no start directory or user site on
+sys.path, so a package a candidate left in the sandbox is never imported by a later judge. `run` reads the host's token (first
 line) and a JudgeRequest (JSON) on stdin and prints the result after a marker on stdout; `serve` and `stop` read
 the token on stdin. It is kept import-light so that forwarding to a warm server costs a few tens of milliseconds.
 """
@@ -10,17 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-
-# What `python -I -c` runs: the host's PYTHONPATH (where this package lives in a sandbox) without the start folder.
-BOOTSTRAP = ("import os, sys; sys.path[:0] = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]; "
-             "os.environ['COMMBENCH_JUDGE_PROCESS'] = '1'; "
-             "from commbench_env.judge.__main__ import main; sys.exit(main())")
-RESULT_MARK = "COMMBENCH-RESULT "  # the result's JSON follows this, on one line of the judge's stdout
-
-
-def judge_command(python: str, *args: str) -> list[str]:
-    """The command line that runs the judge with `args` in a sandbox."""
-    return [python, "-I", "-c", BOOTSTRAP, *args]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,17 @@ import socket
 import struct
 from typing import Any
 
+# What `python -I -c` runs: the host's PYTHONPATH (where this package lives in a sandbox) without the start folder.
+BOOTSTRAP = ("import os, sys; sys.path[:0] = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]; "
+             "os.environ['COMMBENCH_JUDGE_PROCESS'] = '1'; "
+             "from commbench_env.judge.__main__ import main; sys.exit(main())")
+RESULT_MARK = "COMMBENCH-RESULT "  # the result's JSON follows this, on one line of the judge's stdout
+
+
+def judge_command(python: str, *args: str) -> list[str]:
+    """The command line that runs the judge with `args` in a sandbox."""
+    return [python, "-I", "-c", BOOTSTRAP, *args]
+
 _LEN = struct.Struct("!III")  # sequence number, header length, blob length
 SAMPLES_PER_OUTPUT = 256  # positions of each timed call's output that the ranks send back for verification
 # How a rank (or the device host, after `r/`) hands back the read-only inputs a call was shown, beside its outputs.

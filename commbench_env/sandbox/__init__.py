@@ -1,6 +1,8 @@
-"""Sandboxes: where candidate code runs. One small interface, several backends (local now, docker later)."""
+"""Sandboxes: where candidate code runs. One small interface (base), its profiles (cards), the factory that picks a backend (local processes or Docker), and
+the pool that lends them out."""
 
 from .base import ExecResult, HardwareInfo, Sandbox
-from .profiles import SandboxProfile, list_profiles, load_profile, open_sandbox
+from .factory import open_sandbox
+from .profiles import SandboxProfile, list_profiles, load_profile
 
 __all__ = ["ExecResult", "HardwareInfo", "Sandbox", "SandboxProfile", "list_profiles", "load_profile", "open_sandbox"]

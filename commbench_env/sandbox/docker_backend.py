@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import SandboxError
 from .base import ExecResult, HardwareInfo, Sandbox
+from .engine import docker_client
 from .local import _cut, local_hardware
 from .profiles import SandboxProfile
 
@@ -30,28 +31,6 @@ WORKDIR = "/sandbox"
 USER = "65534:65534"  # nobody
 _LIVE: "weakref.WeakSet[DockerSandbox]" = weakref.WeakSet()
 _IMAGE_TORCH: dict[str, str] = {}
-
-
-def docker_client():
-    """A client for the local engine, or SandboxError saying how to get one."""
-    try:
-        import docker
-    except ImportError as exc:
-        raise SandboxError("the docker backend needs the docker SDK: pip install docker") from exc
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure here means "no engine"
-        raise SandboxError(f"no Docker engine is reachable ({exc}); start dockerd or use a local-* profile") from exc
-    return client
-
-
-def docker_available() -> bool:
-    try:
-        docker_client()
-        return True
-    except SandboxError:
-        return False
 
 
 def container_config(profile: SandboxProfile, image: str, gpu_ids: list[int] | None = None) -> dict[str, Any]:

@@ -148,7 +148,7 @@ def build_image(profile: SandboxProfile, progress: Progress = lambda s: None, fo
     """Build what a docker profile needs; returns the tag. An unchanged image is not rebuilt."""
     import docker
 
-    from .docker_backend import docker_client
+    from .engine import docker_client
 
     if profile.backend != "docker":
         raise SandboxError(f"profile {profile.name!r} uses the {profile.backend} backend: it needs no image")

@@ -9,7 +9,6 @@ from pydantic import Field
 
 from ..config import StrictModel, list_cards, load_named_card
 from ..paths import sandboxes_dir
-from .base import Sandbox
 
 
 class Limits(StrictModel):
@@ -77,15 +76,3 @@ def list_profiles(base: Path | None = None) -> list[str]:
 
 def load_profile(name_or_path: str | Path) -> SandboxProfile:
     return load_named_card(SandboxProfile, sandboxes_dir(), name_or_path, "sandbox profile")
-
-
-def open_sandbox(profile: SandboxProfile | str) -> Sandbox:
-    """A not-yet-started sandbox for a profile."""
-    prof = load_profile(profile) if isinstance(profile, str) else profile
-    if prof.backend == "local":
-        from .local import LocalSandbox
-
-        return LocalSandbox(prof)
-    from .docker_backend import DockerSandbox
-
-    return DockerSandbox(prof)

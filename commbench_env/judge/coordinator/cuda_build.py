@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-HEADER_DIR = Path(__file__).resolve().parent.parent / "cuda"  # judge/cuda: compiled into every candidate library
+from ...paths import CUDA_HEADER_DIR
+
+HEADER_DIR = CUDA_HEADER_DIR  # judge/cuda: compiled into every candidate library
 BASE_FLAGS = ["-O3", "-lineinfo", "-Xptxas", "-v", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-cudart=shared"]
 # Linked into every candidate: the streams it creates are blocking, so the judge's marks on the legacy default
 # stream order them (see the file's comment and DeviceHost.call_all).

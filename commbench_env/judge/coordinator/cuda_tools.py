@@ -16,7 +16,7 @@ import time
 from ...cards import CaseSpec
 from ..host.result import SanitizerReport, Verdict
 from ..protocol import Channel
-from .device_host_ranks import host_spec, specs_for
+from .host_specs import host_spec, specs_for
 from .links import RankFailure
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")

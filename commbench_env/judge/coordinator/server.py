@@ -19,29 +19,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from ..__main__ import RESULT_MARK
-from ..protocol import ProtocolError, recv_blob, recv_header, recv_msg, send_msg
+from ..protocol import RESULT_MARK, ProtocolError, recv_blob, recv_header, recv_msg, send_msg
 
 if TYPE_CHECKING:
     from .spawner import Spawner
 
-
-
-def preload() -> None:
-    """Import what evaluations need, once, so that forked coordinators and ranks start warm."""
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
-    import torch.profiler  # noqa: F401
-
-    from ... import cards, golden  # noqa: F401
-    from . import evaluation  # noqa: F401
-    from ..candidate import dispatch_guard, rank, seccomp_filter  # noqa: F401
-
-    golden.op_names()
-    seccomp_filter.available()  # loads libseccomp (its lookup runs ldconfig) before any rank is confined
-    from .cuda_build import detected_arch, nvcc_version
-
-    nvcc_version(), detected_arch()  # asked once here, inherited by every forked coordinator
 
 
 def _owner_alive(pid: int) -> bool:
@@ -92,7 +74,9 @@ def _evaluate_connection(conn: socket.socket, blen: int) -> None:
 
 
 def serve(socket_path: str, owner_pid: int, idle_timeout: float, token: str, ready_fd: int | None = None) -> None:
-    preload()
+    from .spawner import load_modules
+
+    load_modules()
     path = Path(socket_path)
     if path.exists():
         path.unlink()

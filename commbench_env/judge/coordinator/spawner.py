@@ -74,6 +74,23 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(data), list(fds)
 
 
+def load_modules() -> None:
+    """Import what evaluations need, once, so that forked coordinators and ranks start warm."""
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+    import torch.profiler  # noqa: F401
+
+    from ... import cards, golden  # noqa: F401
+    from . import evaluation  # noqa: F401
+    from ..candidate import dispatch_guard, rank, seccomp_filter  # noqa: F401
+
+    golden.op_names()
+    seccomp_filter.available()  # loads libseccomp (its lookup runs ldconfig) before any rank is confined
+    from .cuda_build import detected_arch, nvcc_version
+
+    nvcc_version(), detected_arch()  # asked once here, inherited by every forked coordinator
+
+
 class Spawner:
     """Handle on a spawner process, held by the coordinator. Create it before reading anything secret."""
 
@@ -122,8 +139,6 @@ def _spawner_main(sock: socket.socket, coordinator: int, preload: bool) -> NoRet
             except EOFError:
                 break
             if preload:
-                from .server import preload as load_modules
-
                 load_modules()  # once, so that every rank starts with torch imported
                 preload = False
             try:

@@ -11,13 +11,16 @@ import os
 import secrets
 import uuid
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ...cards import Task
 from ...errors import CardError, JudgeInfraError, SandboxError, UnservableError
-from ...sandbox import HardwareInfo, Sandbox
 from .request import JudgeRequest
 from .result import JudgeResult, Mode
-from ..__main__ import RESULT_MARK, judge_command
+from ..protocol import RESULT_MARK, judge_command
+
+if TYPE_CHECKING:  # the judge drives any Sandbox through its interface; the pool (sandbox/pool.py) imports this
+    from ...sandbox import HardwareInfo, Sandbox
 
 # Seconds the judge may take beyond the task's own time limit (process start, verification, clean-up).
 JUDGE_MARGIN_S = 60.0

@@ -8,12 +8,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .agents import Agent, AgentCard, load_agent, load_agent_card
-from .cards import Task
-from .env import CommBenchEnv
-from .episode import StepOutcome
-from .errors import Interrupted
-from .reward import RewardConfig
+from ..agents import Agent, AgentCard, load_agent, load_agent_card
+from ..cards import Task
+from ..episode.gym_env import CommBenchEnv
+from ..episode.core import StepOutcome
+from ..errors import Interrupted
+from ..score.reward import RewardConfig
 
 
 @dataclass

@@ -6,13 +6,13 @@ import hashlib
 import json
 from pathlib import Path
 
-from .cards import Task
-from .errors import JudgeInfraError
-from .judge.host.client import JudgeClient
-from .judge.host.result import SizeResult, Verdict
+from ..cards import Task
+from ..errors import JudgeInfraError
+from ..judge.host.client import JudgeClient
+from ..judge.host.result import SizeResult, Verdict
 from .reward import scored
-from .paths import cache_dir
-from .sandbox import SandboxProfile, open_sandbox
+from ..paths import cache_dir
+from ..sandbox import SandboxProfile, open_sandbox
 
 # Bump when the judge's way of timing changes: a figure measured one way must never be the yardstick for another
 # (2: GPU calls timed back-to-back after a warm-up, nccl-tests' iteration counts on GPUs, median of 3 runs;

@@ -1,6 +1,6 @@
 """The episode core: one task, several turns, each judged in a sandbox, rewarded and traced.
 
-Every driver plays episodes through `Episode`: the Gymnasium env (env.py) is an adapter over it (spaces, seeding,
+Every driver plays episodes through `Episode`: the Gymnasium env (gym_env.py) is an adapter over it (spaces, seeding,
 the step tuple), and the runner, the scorers, the rollout pool, Ray and the trainers read its typed
 `StepOutcome` instead of keys of `info`. An outcome holds both sides of the trust line: what the agent may see
 (`feedback`, and `info()`, built from the result's `public()` view) and what only the host keeps (the full
@@ -22,20 +22,20 @@ from gymnasium.error import ResetNeeded
 from pydantic import Field
 
 from .actions import ACTION_HELP, TOOL_TO_MODE, TOOLS, ParseError, parse_action
-from .cards import Task, load_task, select_tasks
-from .config import StrictModel
-from .errors import CardError, SandboxError
-from .judge.host.client import JudgeClient, require_gpus
-from .judge.host.result import JudgeResult, SizeResult
-from .paths import cache_dir
-from .reference import reference_figures
-from .reward import RewardBreakdown, RewardConfig, TurnCredit, TurnRewardConfig, compute_reward
-from .sandbox import Sandbox, SandboxProfile, load_profile, open_sandbox
-from .sandbox.gpus import GpuLease, lock_ids
-from .trace import TRACE_SCHEMA, TraceWriter, new_trace_path
+from ..cards import Task, load_task, select_tasks
+from ..config import StrictModel
+from ..errors import CardError, SandboxError
+from ..judge.host.client import JudgeClient, require_gpus
+from ..judge.host.result import JudgeResult, SizeResult
+from ..paths import cache_dir
+from ..score.reference import reference_figures
+from ..score.reward import RewardBreakdown, RewardConfig, TurnCredit, TurnRewardConfig, compute_reward
+from ..sandbox import Sandbox, SandboxProfile, load_profile, open_sandbox
+from ..sandbox.gpus import GpuLease, lock_ids
+from ..trace.records import TRACE_SCHEMA, TraceWriter, new_trace_path
 
 if TYPE_CHECKING:
-    from .pool import SandboxPool, Slot
+    from ..sandbox.pool import SandboxPool, Slot
 
 CHARSET = string.printable  # spaces.Text's default is alphanumeric only
 MAX_OBS_CHARS = 100_000
@@ -69,7 +69,7 @@ class EpisodeConfig(StrictModel):
     world_size: int | None = Field(default=None, description="default: the card's default world size")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     turn_reward: TurnRewardConfig = Field(default_factory=TurnRewardConfig,
-                                          description="how rewards are spread over turns (see reward.py)")
+                                          description="how rewards are spread over turns (see score/reward.py)")
     terminate_on_solve: bool = Field(default=False, description="end the episode when a check passes")
     submit_on_truncation: bool = Field(default=True, description="score the last code when turns run out")
     reference: Literal["cached", "interleaved", "none"] = Field(
@@ -174,7 +174,7 @@ class Episode:
     def _make_pool(pool: Any, sandbox: Any) -> tuple[SandboxPool | None, bool]:
         if pool is None:
             return None, False
-        from .pool import SandboxPool
+        from ..sandbox.pool import SandboxPool
 
         if isinstance(pool, SandboxPool):
             return pool, False
@@ -310,7 +310,7 @@ class Episode:
         result = judge.evaluate(self.task, files, mode, self.world_size,  # type: ignore[arg-type]
                                 static_check=self.config.static_check)
         if self._pool is not None and self._recycle is None:
-            from .pool import recycle_reason
+            from ..sandbox.pool import recycle_reason
 
             self._recycle = recycle_reason(result)
         return result

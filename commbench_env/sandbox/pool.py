@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .config import StrictModel
-from .errors import SandboxError
-from .judge.host.client import JudgeClient
-from .judge.host.result import JudgeResult, Verdict
-from .sandbox import HardwareInfo, Sandbox, SandboxProfile, load_profile, open_sandbox
-from .sandbox.gpus import GpuLease, GpuTopology
-from .sandbox.ports import PortLease
+from ..config import StrictModel
+from ..errors import SandboxError
+from ..judge.host.client import JudgeClient
+from ..judge.host.result import JudgeResult, Verdict
+from . import HardwareInfo, Sandbox, SandboxProfile, load_profile, open_sandbox
+from .gpus import GpuLease, GpuTopology
+from .ports import PortLease
 
 # Text in a rank's output or the verdict that means the GPU context (or the device) may be unusable afterwards.
 CUDA_ERROR_MARKERS = ("CUDA error", "cudaError", "CUDA_ERROR", "illegal memory access", "device-side assert",
@@ -445,7 +445,7 @@ class SandboxPool:
             pl = PortLease.acquire(self.ports_per_sandbox, port_range=self._port_range, lock_dir=self._port_lock_dir)
             prof = self._profile_for(gl.ids, pl.ports)
             if prof.backend == "docker":
-                from .sandbox.docker_backend import DockerSandbox
+                from .docker_backend import DockerSandbox
 
                 sb = DockerSandbox(prof, gpu_ids=list(gl.ids) or None)
             else:

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..errors import CommBenchError
-from ..scoring import LocalScorer, Score, Scorer, Submission, extract_code
+from ..run.scoring import LocalScorer, Score, Scorer, Submission, extract_code
 from .common import ToolEpisode
 
 
@@ -45,7 +45,7 @@ def _column(kwargs: dict[str, Any], name: str, n: int, required: bool) -> list[A
         return list(kwargs[name])
     if required:
         raise CommBenchError(f"the training dataset has no {name!r} column: each row needs the id of its task "
-                             "(build rows with commbench_env.trainers.task_rows)")
+                             "(build rows with commbench_env.integrations.task_rows)")
     return [None] * n
 
 

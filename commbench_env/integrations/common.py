@@ -117,11 +117,11 @@ class ToolEpisode:
 
     def _make_env(self, task_id: str) -> Any:
         if self.remote:
-            from ..ray_backend import RemoteEnv
+            from ..run.ray_backend import RemoteEnv
 
             env = RemoteEnv(self.sandbox, world=self.world, max_turns=self.max_turns, **self.env_options)
         else:
-            from ..env import CommBenchEnv
+            from ..episode.gym_env import CommBenchEnv
 
             env = CommBenchEnv(task=task_id, sandbox=self.sandbox, max_turns=self.max_turns, **self.env_options)
         self._finalizer = weakref.finalize(self, env.close)  # the sandbox goes when this instance does
@@ -136,7 +136,7 @@ class ToolEpisode:
     def reset(self, task: str | None, world_size: int | None = None) -> None:
         """Start an episode on `task`; a sandbox that fails twice leaves `infra_error` set instead of raising."""
         if not task:
-            raise CommBenchError("each training row needs a 'task' column (see commbench_env.trainers.task_rows)")
+            raise CommBenchError("each training row needs a 'task' column (see commbench_env.integrations.task_rows)")
         self._new_episode()
         options = {"task": task, "world_size": world_size}
         for attempt in (1, 2):

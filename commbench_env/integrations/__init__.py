@@ -7,7 +7,7 @@
 - `common`: prompts from task cards and `ToolEpisode`, the episode rules both share (infrastructure errors unscored).
 - `tiny`: an offline tiny model and tokenizer for smoke runs.
 
-Each adapter imports its framework lazily, so `commbench_env.trainers` imports without any of them.
+Each adapter imports its framework lazily, so `commbench_env.integrations` imports without any of them.
 """
 
 from .common import SINGLE_TURN_SYSTEM, task_rows

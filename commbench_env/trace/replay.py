@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .actions import TOOL_TO_MODE
-from .cards import load_task
-from .judge.host.client import JudgeClient
-from .sandbox import open_sandbox
-from .trace import read_trace
+from ..episode.actions import TOOL_TO_MODE
+from ..cards import load_task
+from ..judge.host.client import JudgeClient
+from ..sandbox import open_sandbox
+from .records import read_trace
 
 
 @dataclass

@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .agents.base import Agent
-from .env import CommBenchEnv
-from .errors import SandboxError
+from ..agents.base import Agent
+from ..episode.gym_env import CommBenchEnv
+from ..errors import SandboxError
 from .infra import InfraPolicy
-from .pool import SandboxPool
+from ..sandbox.pool import SandboxPool
 
 
 @runtime_checkable

@@ -19,14 +19,14 @@ from gymnasium.utils import EzPickle
 from gymnasium.vector.utils import create_shared_memory
 
 from .actions import MAX_SOURCE_CHARS, TOOLS
-from .cards import Task
-from .episode import CHARSET, MAX_OBS_CHARS, Episode, EpisodeConfig, StepOutcome
-from .judge.host.result import JudgeResult
-from .reward import RewardConfig
-from .sandbox import SandboxProfile
+from ..cards import Task
+from .core import CHARSET, MAX_OBS_CHARS, Episode, EpisodeConfig, StepOutcome
+from ..judge.host.result import JudgeResult
+from ..score.reward import RewardConfig
+from ..sandbox import SandboxProfile
 
 if TYPE_CHECKING:
-    from .pool import SandboxPool
+    from ..sandbox.pool import SandboxPool
 
 
 class PrintableText(spaces.Text):
@@ -45,7 +45,7 @@ def _no_shared_memory(space: PrintableText, n: int = 1, ctx: Any = None) -> Any:
 class CommBenchEnv(gym.Env, EzPickle):
     """Observation: {'task': statement, 'feedback': judge feedback, 'turn': n}. Action: {'tool', 'source'}.
 
-    By default the reward is 0 on intermediate turns and the final reward (see reward.py) on the turn that
+    By default the reward is 0 on intermediate turns and the final reward (see score/reward.py) on the turn that
     terminates (submit, or a passing check with terminate_on_solve) or truncates (turn budget; the last code is
     scored); `turn_reward={...}` selects another schedule (TurnRewardConfig).
 

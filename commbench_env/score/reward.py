@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from .config import StrictModel
-from .judge.host.result import JudgeResult, SizeResult, Verdict
+from ..config import StrictModel
+from ..judge.host.result import JudgeResult, SizeResult, Verdict
 
 Band = Literal["better", "on_par", "degraded", "severely_degraded"]
 

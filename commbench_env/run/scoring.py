@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from .actions import code_blocks
-from .cards import load_task
-from .errors import SandboxError
+from ..episode.actions import code_blocks
+from ..cards import load_task
+from ..errors import SandboxError
 from .infra import InfraPolicy
 
 
@@ -119,7 +119,7 @@ class LocalScorer:
     """
 
     def __init__(self, sandbox: str = "local-cpu", parallel: int = 2, retries: int = 1, **env_options: Any):
-        from .pool import SandboxPool
+        from ..sandbox.pool import SandboxPool
 
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
@@ -132,7 +132,7 @@ class LocalScorer:
         self._closed = False
 
     def _make_env(self, sub: Submission) -> Env:
-        from .env import CommBenchEnv
+        from ..episode.gym_env import CommBenchEnv
 
         return CommBenchEnv(task=sub.task_id, sandbox_pool=self._sandboxes, max_turns=1, **self.env_options)
 

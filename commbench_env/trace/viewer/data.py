@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..trace import Trace, read_trace
+from ..records import Trace, read_trace
 
 
 @dataclass

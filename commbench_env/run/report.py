@@ -15,9 +15,9 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from .cards import geomean
+from ..cards import geomean
 from .evaluation import load_run_traces, unscored_episodes
-from .trace import Trace
+from ..trace.records import Trace
 
 
 @dataclass

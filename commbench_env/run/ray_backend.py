@@ -2,7 +2,7 @@
 
 Each episode of an evaluation run is a Ray task that asks for what its sandbox profile needs (`episode_resources`:
 `cuda` one GPU per rank, `cuda-shared` a share of one GPU, `cpu` no GPU; a CPU per rank). On the node Ray picks it
-plays the episode with the same code as a local run (`evaluation.play_eval_episode`), with the sandbox pinned to
+plays the episode with the same code as a local run (`eval_episode.play_eval_episode`), with the sandbox pinned to
 the GPUs Ray gave the task, and returns the result record and the trace, which the driver writes into its own run
 folder: a Ray run folder looks exactly like a local one.
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .agents import AgentCard, load_agent_card
-from .errors import CardError, CommBenchError
-from .sandbox import SandboxProfile, load_profile
+from ..agents import AgentCard, load_agent_card
+from ..errors import CardError, CommBenchError
+from ..sandbox import SandboxProfile, load_profile
 from .scoring import Score, Submission, score_with_retry
 
 INSTALL_HINT = 'Ray is not installed: pip install "commbench-env[ray]" (or pip install ray)'
@@ -162,7 +162,7 @@ def agent_env_vars(card: AgentCard) -> dict[str, str]:
     from this process's environment when set: Ray workers get the variables of the node they run on, not ours."""
     import importlib
 
-    from .agents.base import BUILTIN_KINDS
+    from ..agents.base import BUILTIN_KINDS
 
     name = card.params.get("api_key_env")
     if not name:
@@ -177,11 +177,11 @@ def agent_env_vars(card: AgentCard) -> dict[str, str]:
 
 
 def _play_remote(job: EpisodeJob) -> dict[str, Any]:
-    """Runs in a Ray worker: one episode through evaluation.play_eval_episode; returns the record and the trace."""
+    """Runs in a Ray worker: one episode through eval_episode.play_eval_episode; returns the record and the trace."""
     import tempfile
 
-    from .cards import load_task
-    from .evaluation import EpisodeKey, play_eval_episode
+    from ..cards import load_task
+    from .eval_episode import EpisodeKey, play_eval_episode
 
     task = load_task(job.task_id)
     if job.task_hash and task.hash != job.task_hash:
@@ -201,7 +201,7 @@ def _play_remote(job: EpisodeJob) -> dict[str, Any]:
 
 
 def _job_resources(job: EpisodeJob, opts: RayOptions) -> dict[str, float]:
-    from .cards import load_task
+    from ..cards import load_task
 
     world = load_task(job.task_id).world_for(job.world)
     return episode_resources(job.sandbox, world, cpus=opts.cpus_per_episode, gpu_share=opts.gpu_share)
@@ -212,7 +212,7 @@ def run_episodes_ray(jobs: Sequence[EpisodeJob], *, trace_dir: Path, options: Ra
                      on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Play every job as a Ray task; write each trace into `trace_dir` and return the records (completion order).
 
-    A record is the local runner's (see evaluation.play_eval_episode) plus `node` (host, node id, GPU ids), with
+    A record is the local runner's (see eval_episode.play_eval_episode) plus `node` (host, node id, GPU ids), with
     `trace_path` pointing into `trace_dir`. A worker or node that dies beyond Ray's retries gives an `infra_error`
     record; a card or agent error (CommBenchError) stops the run and is raised, as in a local run.
     """
@@ -292,7 +292,7 @@ class SandboxActor:
         self._env: Any = None
 
     def _make_env(self, task_id: str) -> Any:
-        from .env import CommBenchEnv
+        from ..episode.gym_env import CommBenchEnv
 
         if self._env is not None:
             self._env.close()
@@ -314,7 +314,7 @@ class SandboxActor:
         return self._env.step(action)
 
     def play_turn(self, action: Any) -> Any:
-        """One turn as a typed StepOutcome (see episode.py), and the observation after it."""
+        """One turn as a typed StepOutcome (see episode/core.py), and the observation after it."""
         if self._env is None:
             raise CommBenchError("reset() the remote env before play_turn()")
         return self._env.play_turn(action), self._env.observation()
@@ -359,7 +359,7 @@ class RemoteEnv:
         return self._ray.get(self.actor.step.remote(action))
 
     def play_turn(self, action: Any) -> Any:
-        """One turn as a typed StepOutcome (episode.py); `observation()` is the observation after it."""
+        """One turn as a typed StepOutcome (episode/core.py); `observation()` is the observation after it."""
         outcome, self._obs = self._ray.get(self.actor.play_turn.remote(action))
         return outcome
 
