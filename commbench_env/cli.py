@@ -420,9 +420,9 @@ def trace_list(folder: Path = typer.Argument(..., help="a run folder or a traces
             t = read_trace(f)
         except (OSError, ValueError):
             continue
-        e = t.end or {}
-        table.add_row(f.name, t.task_id, str(len(t.steps)), str(e.get("final_verdict", "unfinished")),
-                      _fmt(e.get("reward")))
+        e = t.end
+        table.add_row(f.name, t.task_id, str(len(t.steps)),
+                      (e.final_verdict or e.status) if e else "unfinished", _fmt(e.reward if e else None))
     console.print(table)
 
 

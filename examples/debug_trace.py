@@ -25,16 +25,15 @@ def main() -> None:
         env.close()
     trace = read_trace(path)
     print(format_trace(trace))
-    world = trace.start["config"]["world_size"]
+    world = trace.start.world_size
     env = CommBenchEnv(task=trace.task_id, world_size=world, max_turns=len(trace.steps), trace_dir=tempfile.mkdtemp())
     replayed = play_episode(env, load_agent(AgentCard(name="replay", kind="replay", params={"trace": str(path)})))
     env.close()
     again = read_trace(replayed.trace_path)
     print("\nreplay:")
     for old, new in zip(trace.steps, again.steps):
-        a = (old.get("judge_result") or {}).get("verdict")
-        b = (new.get("judge_result") or {}).get("verdict")
-        print(f"  turn {old['turn']}: recorded {a}, replayed {b} -> {'same' if a == b else 'DIFFERENT'}")
+        a, b = old.verdict, new.verdict
+        print(f"  turn {old.turn}: recorded {a}, replayed {b} -> {'same' if a == b else 'DIFFERENT'}")
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def test_bad_input_gives_feedback_and_never_a_lost_turn(env, action, why):
     assert env.observation_space.contains(obs)
     obs, r, term, trunc, info = env.step({"tool": "check", "source": load_task(TASK).reference_source()})
     assert info["verdict"] == "pass" and obs["turn"] == 2  # the episode goes on, counting every turn once
-    assert [s["turn"] for s in read_trace(env.unwrapped.trace_path).steps] == [1, 2]
+    assert [s.turn for s in read_trace(env.unwrapped.trace_path).steps] == [1, 2]
 
 
 def test_a_message_fence_follows_the_task_language():
@@ -185,10 +185,10 @@ def test_trace_written_every_step_and_replays(trace_dir):
     finally:
         e.close()
     trace = read_trace(first.trace_path)
-    assert trace.complete and [s["turn"] for s in trace.steps] == [1, 2, 3]
-    assert trace.start["task_hash"] == load_task(TASK).hash and trace.start["hardware"]["cpu_count"] > 0
-    assert trace.steps[1]["action"]["files"]["solution.py"] == load_task(TASK).reference_source()
-    recorded = [s["judge_result"]["verdict"] for s in trace.steps]
+    assert trace.complete and [s.turn for s in trace.steps] == [1, 2, 3]
+    assert trace.start.task_hash == load_task(TASK).hash and trace.start.hardware["cpu_count"] > 0
+    assert trace.steps[1].action.files["solution.py"] == load_task(TASK).reference_source()
+    recorded = [s.verdict for s in trace.steps]
     assert recorded == ["runtime_error", "pass", "pass"]
     assert "turn 3: submit" in format_trace(trace)
 
@@ -198,7 +198,7 @@ def test_trace_written_every_step_and_replays(trace_dir):
         again = play_episode(e2, replay)
     finally:
         e2.close()
-    replayed = [s["judge_result"]["verdict"] for s in read_trace(again.trace_path).steps]
+    replayed = [s.verdict for s in read_trace(again.trace_path).steps]
     assert replayed == recorded
 
 

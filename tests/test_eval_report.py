@@ -11,7 +11,9 @@ from commbench_env.agents.base import AgentCard
 from commbench_env.cards import select_tasks
 from commbench_env.run.evaluation import RESULTS, run_eval
 from commbench_env.run.report import build_report, pass_at_k
-from commbench_env.trace.records import TRACE_SCHEMA, TraceWriter
+from commbench_env.judge.host.result import JudgeResult
+from commbench_env.score.reward import RewardBreakdown
+from commbench_env.trace.records import EpisodeEnd, EpisodeStart, TraceAction, TraceStep, TraceWriter, TurnMeta
 
 TASKS = "p2p/ring_shift,collective/allreduce_ring"
 SUBMIT = AgentCard(name="reference-submit", kind="reference", max_turns=2, params={"plan": ["submit:reference"]})
@@ -71,16 +73,20 @@ def test_pass_at_k_matches_the_formula():
 
 
 def _fake_trace(path, task, category, rewards_parts, agent="m", meta=None):
-    """A trace in the real format with a chosen outcome (what a run of a model would have written)."""
+    """A trace written with the real records, with a chosen outcome (what a run of a model would have written)."""
     w = TraceWriter(path)
-    w.write({"type": "episode_start", "schema": TRACE_SCHEMA, "task_id": task, "task_hash": "h",
-             "task_card": {"category": category, "difficulty": "medium", "language": "torch"}, "agent": {"name": agent}})
+    w.write(EpisodeStart(task_id=task, task_hash="h", agent={"name": agent},
+                         task_card={"category": category, "difficulty": "medium", "language": "torch"}))
     turns = len(rewards_parts)
     for i, (verdict, parts) in enumerate(rewards_parts, 1):
-        w.write({"type": "step", "turn": i, "action": {"tool": "submit" if i == turns else "check"},
-                 "judge_result": {"verdict": verdict, "mode": "full" if i == turns else "check"},
-                 "reward": parts.get("reward", 0.0) if i == turns else 0.0, "reward_parts": parts, "meta": meta or {}})
-    w.write({"type": "episode_end", "reward": rewards_parts[-1][1].get("reward", 0.0), "turns": turns})
+        result = JudgeResult(task_id=task, task_hash="h", mode="full" if i == turns else "check", world_size=2,
+                             device_mode="cpu", verdict=verdict)
+        breakdown = RewardBreakdown(compiled=True, case_fraction=1.0 if parts.get("correct") else 0.0,
+                                    **{"reward": 0.0, "correct": False, **parts}) if parts else None
+        w.write(TraceStep(turn=i, action=TraceAction(tool="submit" if i == turns else "check"), judge_result=result,
+                          reward=parts.get("reward", 0.0) if i == turns else 0.0, reward_parts=breakdown,
+                          meta=TurnMeta(**(meta or {}))))
+    w.write(EpisodeEnd(reward=rewards_parts[-1][1].get("reward", 0.0), turns=turns))
     w.close()
 
 
@@ -183,8 +189,8 @@ def test_ctrl_c_stops_eval_within_seconds_and_the_rerun_counts_each_episode_once
     assert list(statuses.values()).count("done") >= 1 and "interrupted" in statuses.values(), statuses
     for trace in sorted((tmp_path / "traces").glob("*.jsonl")):
         t = read_trace(trace)
-        if t.end and t.end.get("status") == "interrupted":
-            assert t.end["final_verdict"] is None and t.end["reward"] == 0.0
+        if t.end and t.end.status == "interrupted":
+            assert t.end.final_verdict is None and t.end.reward == 0.0
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert not leftover, f"processes of the stopped run still run: {leftover}"
     from commbench_env.run.evaluation import unscored_episodes

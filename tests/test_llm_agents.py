@@ -84,10 +84,10 @@ def test_episode_fix_then_submit(provider, key, trace_dir, reference_source):
         fake_reply_call_ids = [next(i["call_id"] for i in r.body.get("output", []) if i["type"] == "function_call")
                                for r in fake.script[:2]] if provider == "openai-responses" else []
         summary, trace = play(provider, fake, trace_dir)
-    assert [s["judge_result"]["verdict"] for s in trace.steps] == ["compile_error", "pass", "pass"]
-    assert [s["action"]["tool"] for s in trace.steps] == ["compile", "check", "submit"]
+    assert [s.verdict for s in trace.steps] == ["compile_error", "pass", "pass"]
+    assert [s.action.tool for s in trace.steps] == ["compile", "check", "submit"]
     assert summary.reward > 0.5 and summary.correct
-    m1, m2 = trace.steps[0]["meta"], trace.steps[1]["meta"]
+    m1, m2 = trace.steps[0].meta.model_dump(), trace.steps[1].meta.model_dump()
     assert m1["model"] == f"fake-{provider}-model" and m1["message"] == "First try."
     assert (m1["tokens_in"], m1["tokens_out"]) == (1000, 200)
     assert m1["cost_usd"] == pytest.approx((1000 * 2.0 + 200 * 10.0) / 1e6)
@@ -123,7 +123,7 @@ def test_episode_fix_then_submit(provider, key, trace_dir, reference_source):
                                                                  "function_call_output", "function_call",
                                                                  "function_call_output"]
         assert third[4]["call_id"] == third[5]["call_id"] == fake_reply_call_ids[1]
-        assert third[5]["output"] == trace.steps[1]["observation"]
+        assert third[5]["output"] == trace.steps[1].observation
     elif provider == "openai":
         assert fake.requests[0].headers.get("authorization") == "Bearer sk-fake-test-key"
         assert {t["function"]["name"] for t in first["tools"]} == {"compile", "check", "benchmark", "profile",
@@ -142,7 +142,7 @@ def test_episode_fix_then_submit(provider, key, trace_dir, reference_source):
         assert block["type"] == "tool_result"
         assert block["tool_use_id"] == second["messages"][1]["content"][1]["id"]
         feedback = block["content"]
-    assert feedback == trace.steps[0]["observation"]  # the judge's feedback, verbatim
+    assert feedback == trace.steps[0].observation  # the judge's feedback, verbatim
     assert "compile" in feedback.lower()
 
 
@@ -157,7 +157,7 @@ def test_rate_limit_honours_retry_after(provider, key, trace_dir, reference_sour
     assert len(fake.requests) == 2
     waited = fake.requests[1].t - fake.requests[0].t
     assert waited >= 0.95, waited  # retry_max_wait_s is 0.2: only the header explains the wait
-    assert summary.correct and [s["judge_result"]["verdict"] for s in trace.steps] == ["pass"]
+    assert summary.correct and [s.verdict for s in trace.steps] == ["pass"]
 
 
 # -- (c) 401 fails fast ---------------------------------------------------------------------------------------
@@ -188,11 +188,11 @@ def test_malformed_arguments_become_parse_error(provider, key, trace_dir, refere
         fake.add(bad, TOOL[provider]("submit", reference_source))
         summary, trace = play(provider, fake, trace_dir)
     assert len(trace.steps) == 2
-    assert trace.steps[0]["error"] and trace.steps[0]["judge_result"] is None
-    assert "Could not parse the action" in trace.steps[0]["observation"]
-    assert trace.steps[1]["judge_result"]["verdict"] == "pass" and summary.correct
+    assert trace.steps[0].error and trace.steps[0].judge_result is None
+    assert "Could not parse the action" in trace.steps[0].observation
+    assert trace.steps[1].verdict == "pass" and summary.correct
     # the usage of the unrecorded turn is carried into the next step's meta
-    assert trace.steps[1]["meta"]["calls"] == 2 and trace.steps[1]["meta"]["tokens_in"] == 2000
+    assert trace.steps[1].meta.calls == 2 and trace.steps[1].meta.tokens_in == 2000
     sent = request_text(fake.requests[1].body)
     assert "Could not parse the action" in sent and "its arguments were" in sent
 
@@ -226,11 +226,11 @@ def test_plain_text_fallback(provider, key, trace_dir, reference_source):
     with fake_server(provider) as fake:
         fake.add(TEXT[provider](reply), TEXT[provider]("Looks good.\ntool: submit"))
         summary, trace = play(provider, fake, trace_dir, use_tools=False)
-    assert [s["action"]["tool"] for s in trace.steps] == ["check", "submit"]
-    assert [s["judge_result"]["verdict"] for s in trace.steps] == ["pass", "pass"] and summary.correct
+    assert [s.action.tool for s in trace.steps] == ["check", "submit"]
+    assert [s.verdict for s in trace.steps] == ["pass", "pass"] and summary.correct
     assert all("tools" not in r.body for r in fake.requests)
     assert "tool: <one of" in request_text(fake.requests[0].body)
-    assert json.dumps(trace.steps[0]["observation"])[1:-1] in request_text(fake.requests[1].body)
+    assert json.dumps(trace.steps[0].observation)[1:-1] in request_text(fake.requests[1].body)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -238,7 +238,7 @@ def test_refusal_costs_a_turn_and_is_explained(provider, key, trace_dir, referen
     with fake_server(provider) as fake:
         fake.add(REFUSAL[provider]("I won't write that."), TOOL[provider]("submit", reference_source))
         summary, trace = play(provider, fake, trace_dir)
-    assert trace.steps[0]["error"] and "tool" in trace.steps[0]["error"]
+    assert trace.steps[0].error and "tool" in trace.steps[0].error
     assert summary.correct and len(trace.steps) == 2
     sent = request_text(fake.requests[1].body)
     assert "You did not call a tool" in sent and "Could not parse the action" in sent
@@ -300,8 +300,8 @@ def test_unknown_tool_name_is_explained(key, trace_dir, reference_source):
     with FakeProvider("openai") as fake:
         fake.add(openai_tool_call("run_tests", reference_source), openai_tool_call("submit", reference_source))
         summary, trace = play("openai", fake, trace_dir)
-    assert "unknown tool" in trace.steps[0]["error"] and summary.correct
-    assert trace.steps[1]["meta"]["calls"] == 2
+    assert "unknown tool" in trace.steps[0].error and summary.correct
+    assert trace.steps[1].meta.calls == 2
     assert "There is no tool 'run_tests'" in request_text(fake.requests[1].body)
 
 
@@ -317,7 +317,7 @@ def test_responses_request_params(key, trace_dir, reference_source):
     assert body["model"] == "fake-openai-responses-model" and body["temperature"] == 0.3
     assert body["reasoning"] == {"effort": "high"} and "reasoning_effort" not in body
     assert body["max_output_tokens"] == 777 and body["store"] is False and body["tool_choice"] == "auto"
-    meta = trace.steps[0]["meta"]
+    meta = trace.steps[0].meta.model_dump()
     assert (meta["tokens_in"], meta["tokens_out"]) == (321, 45)
     assert meta["cost_usd"] == pytest.approx((321 * 2.0 + 45 * 10.0) / 1e6)
 
@@ -335,14 +335,14 @@ def test_responses_several_calls_run_the_first(key, trace_dir, reference_source)
         fake.add(responses_tool_call("check", reference_source, extra_calls=("benchmark",)),
                  responses_tool_call("submit", ""))
         summary, trace = play("openai-responses", fake, trace_dir)
-    assert [s["action"]["tool"] for s in trace.steps] == ["check", "submit"] and summary.correct
+    assert [s.action.tool for s in trace.steps] == ["check", "submit"] and summary.correct
     items = fake.requests[1].body["input"]
     calls = [i for i in items if i.get("type") == "function_call"]
     outs = {i["call_id"]: i["output"] for i in items if i.get("type") == "function_call_output"}
     assert [c["name"] for c in calls] == ["check", "benchmark"]
     assert set(outs) == {c["call_id"] for c in calls}  # every call answered, as the API requires
     assert outs[calls[0]["call_id"]].startswith("Only your first tool call (check) was run")
-    assert trace.steps[0]["observation"] in outs[calls[0]["call_id"]]
+    assert trace.steps[0].observation in outs[calls[0]["call_id"]]
     assert outs[calls[1]["call_id"]].startswith("Not run")
 
 
@@ -350,8 +350,8 @@ def test_responses_text_reply_without_call(key, trace_dir, reference_source):
     with FakeProvider("openai") as fake:
         fake.add(responses_text("Thinking about it."), responses_tool_call("submit", reference_source))
         summary, trace = play("openai-responses", fake, trace_dir)
-    assert trace.steps[0]["error"] and summary.correct
+    assert trace.steps[0].error and summary.correct
     items = fake.requests[1].body["input"]
     assert items[1] == {"role": "assistant", "content": "Thinking about it."}
     assert items[2]["role"] == "user" and "You did not call a tool" in items[2]["content"]
-    assert trace.steps[1]["meta"]["calls"] == 2
+    assert trace.steps[1].meta.calls == 2

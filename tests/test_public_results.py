@@ -62,7 +62,7 @@ def test_observation_and_info_name_no_hidden_case_and_show_no_hidden_value(trace
     assert "no luck with (3,)" in seen  # the candidate's own message stays: it may print its inputs anyway
     assert "FAIL hidden #" in obs["feedback"] and "PASS small-f32" in obs["feedback"]
     steps = read_trace(env.trace_path).steps
-    traced = JudgeResult.model_validate(steps[-1]["judge_result"])
+    traced = steps[-1].judge_result
     assert next(c for c in traced.cases if c.name == "odd-length").mismatch.expected == wrong.mismatch.expected
 
 

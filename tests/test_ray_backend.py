@@ -111,9 +111,8 @@ def test_eval_on_ray_gives_the_local_records_and_traces(local_ray, tmp_path):
         assert path.startswith(str(tmp_path / "ray" / "traces"))
         t, ref = read_trace(path), read_trace(local[0]["trace_path"])
         assert t.complete and t.task_id == TASK
-        assert [s["action"]["tool"] for s in t.steps] == [s["action"]["tool"] for s in ref.steps]
-        assert [(s["judge_result"] or {}).get("verdict") for s in t.steps] == \
-            [(s["judge_result"] or {}).get("verdict") for s in ref.steps]
+        assert [s.action.tool for s in t.steps] == [s.action.tool for s in ref.steps]
+        assert [s.verdict for s in t.steps] == [s.verdict for s in ref.steps]
     assert sorted(k for kind, k in events if kind == "done") == sorted(by_key)
     lines = (tmp_path / "ray" / "results.jsonl").read_text().splitlines()
     assert len(lines) == 2

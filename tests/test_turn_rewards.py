@@ -70,7 +70,7 @@ def test_default_is_the_final_reward_on_the_last_turn(pool, trace_dir):
     assert rewards == [0.0, 0.0, final] and final > 0.5  # correct, and timed against the reference
     assert [i["turn_score"] for i in infos] == [0.0, 0.5, final]
     end = read_trace(infos[-1]["trace_path"]).end
-    assert end["reward"] == end["return"] == final and end["turn_rewards"] == rewards
+    assert end.reward == end.episode_return == final and end.turn_rewards == rewards
 
 
 def test_improvement_deltas_sum_to_the_final_reward(pool, trace_dir):
@@ -78,7 +78,7 @@ def test_improvement_deltas_sum_to_the_final_reward(pool, trace_dir):
     final = infos[-1]["final_reward"]
     assert rewards == pytest.approx([0.0, 0.5, final - 0.5]) and sum(rewards) == pytest.approx(final)
     end = read_trace(infos[-1]["trace_path"]).end
-    assert end["reward"] == final and end["return"] == pytest.approx(final)
+    assert end.reward == final and end.episode_return == pytest.approx(final)
     # the runner and reports read the final reward, not the last step's delta
     env = CommBenchEnv(task=TASK, world_size=2, max_turns=4, sandbox_pool=pool, trace_dir=str(trace_dir),
                        turn_reward={"mode": "improvement"})
@@ -86,7 +86,7 @@ def test_improvement_deltas_sum_to_the_final_reward(pool, trace_dir):
         summary = play_episode(env, load_agent("reference"))
     finally:
         env.close()
-    assert summary.reward > 0.5 and summary.reward == read_trace(summary.trace_path).end["reward"]
+    assert summary.reward > 0.5 and summary.reward == read_trace(summary.trace_path).end.reward
 
 
 def test_improvement_against_the_best_so_far(pool, trace_dir):

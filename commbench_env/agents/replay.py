@@ -33,10 +33,10 @@ class ReplayAgent:
             raise CardError("the trace has no more recorded turns")
         step = self.trace.steps[self._i]
         self._i += 1
-        action = step["action"]
-        if action.get("tool") is None:
-            return action.get("raw") or ""
-        return {"tool": action["tool"], "files": action.get("files") or {}}
+        action = step.action
+        if action.tool is None:
+            return action.raw or ""
+        return {"tool": action.tool, "files": dict(action.files)}
 
     def close(self) -> None:
         pass

@@ -9,10 +9,11 @@ the step tuple), and the runner, the scorers, the rollout pool, Ray and the trai
 
 from __future__ import annotations
 
+import json
 import string
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +30,12 @@ from ..judge.host.client import JudgeClient, require_gpus
 from ..judge.host.result import JudgeResult, SizeResult
 from ..paths import cache_dir
 from ..score.reference import reference_figures
-from ..score.reward import RewardBreakdown, RewardConfig, TurnCredit, TurnRewardConfig, compute_reward
+from ..score.reward import (RewardBreakdown, RewardConfig, RewardSchedule, TurnCredit, TurnRewardConfig,
+                            compute_reward)
 from ..sandbox import Sandbox, SandboxProfile, load_profile, open_sandbox
 from ..sandbox.gpus import GpuLease, lock_ids
-from ..trace.records import TRACE_SCHEMA, TraceWriter, new_trace_path
+from ..trace.records import EpisodeEnd, EpisodeStart, TraceAction, TraceStep, TurnMeta, new_trace_path
+from .hooks import EpisodeHook, TraceRecorder
 
 if TYPE_CHECKING:
     from ..sandbox.pool import SandboxPool, Slot
@@ -57,6 +60,20 @@ def _action_text(action: Any, limit: int = 2000) -> str:
     except Exception:  # noqa: BLE001 - str() of an agent's object may raise anything
         text = f"<{type(action).__name__} that cannot be shown>"
     return text[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _turn_meta(meta: dict[str, Any]) -> TurnMeta:
+    """The agent's meta as the trace records it (plain JSON; the action parser bounded its size). Usage figures that
+    are not numbers are kept under `agent_<name>` instead of failing the turn."""
+    plain = json.loads(json.dumps(meta, default=str))
+    try:
+        return TurnMeta.model_validate(plain)
+    except ValueError:
+        renamed = {("agent_" + k if k in TurnMeta.model_fields else k): v for k, v in plain.items()}
+        try:
+            return TurnMeta.model_validate(renamed)
+        except ValueError:
+            return TurnMeta(agent_meta=json.dumps(plain)[:4000])
 
 
 class EpisodeConfig(StrictModel):
@@ -139,7 +156,11 @@ class Episode:
 
     def __init__(self, task: str | Task = "collective/allreduce_ring", sandbox: str | SandboxProfile | None = None,
                  max_turns: int = 8, world_size: int | None = None, reward: RewardConfig | dict | None = None,
-                 agent: dict | None = None, sandbox_pool: SandboxPool | dict | None = None, **options: Any):
+                 agent: dict | None = None, sandbox_pool: SandboxPool | dict | None = None,
+                 hooks: Sequence[EpisodeHook] = (),
+                 reward_schedule: Callable[[TurnRewardConfig], RewardSchedule] = TurnCredit, **options: Any):
+        self._hooks: list[EpisodeHook] = list(hooks)
+        self._schedule = reward_schedule
         self._pool, self._owns_pool = self._make_pool(sandbox_pool, sandbox)
         if sandbox is None:
             sandbox = self._pool.profile if self._pool is not None else "local-cpu"
@@ -163,7 +184,8 @@ class Episode:
         self._gpu_ids: dict[int, list[int]] = {}  # world size -> the GPUs a judge run of the own sandbox locks
         self._slot: Slot | None = None
         self._recycle: str | None = None
-        self._trace: TraceWriter | None = None
+        self._recorders: list[EpisodeHook] = []
+        self._recording = False  # an episode is open: its start record went out, its end record not yet
         self._trace_lock = threading.Lock()  # close() may come from another thread (a run being stopped)
         self.trace_path: Path | None = None
         self._closed = False
@@ -227,7 +249,7 @@ class Episode:
         self.last_outcome: StepOutcome | None = None
         self.episode_reward = 0.0
         self.final_reward: float | None = None
-        self.credit = TurnCredit(self.config.turn_reward)
+        self.credit: RewardSchedule = self._schedule(self.config.turn_reward)
         self.t_episode = time.monotonic()
 
     def observation(self) -> dict[str, Any]:
@@ -253,14 +275,14 @@ class Episode:
         """The trace's end record. An episode closed or reset before it ended is `interrupted`: no final verdict
         and no reward, whatever its last check said (a resumed run plays it again)."""
         with self._trace_lock:
-            trace, self._trace = self._trace, None
-        if trace is not None:
-            status = "finished" if self.done else "interrupted"
-            trace.write({"type": "episode_end", "status": status, "reward": self.final_reward or 0.0,
-                         "return": self.episode_reward, "turn_rewards": self.credit.turn_rewards(),
-                         "turns": self.turn, "final_verdict": verdict if self.done else None,
-                         "duration_s": time.monotonic() - self.t_episode})
-            trace.close()
+            recording, self._recording = self._recording, False
+        if recording:
+            record = EpisodeEnd(status="finished" if self.done else "interrupted", reward=self.final_reward or 0.0,
+                                episode_return=self.episode_reward, turn_rewards=self.credit.turn_rewards(),
+                                turns=self.turn, final_verdict=verdict if self.done else None,
+                                duration_s=time.monotonic() - self.t_episode)
+            for hook in self._recorders:
+                hook.on_end(self, record)
 
     # -- pooled sandboxes ----------------------------------------------------------------------------------
     def _slot_info(self) -> dict[str, Any] | None:
@@ -322,7 +344,7 @@ class Episode:
         `world_size`; without a task, one of `tasks` is drawn with `rng` (a numpy Generator)."""
         if self._closed:
             raise ResetNeeded("the env was closed; make a new one")
-        if self._trace is not None:
+        if self._recording:
             self._finish_trace(self.last_result.verdict.value if self.last_result else None)
         self._release_slot()  # an episode left unfinished gives its pooled sandbox back
         options = options or {}
@@ -352,14 +374,16 @@ class Episode:
         require_gpus(self.task, self.profile.device_mode, self.world_size, hardware, self.profile.name)
         trace_dir = Path(self.config.trace_dir) if self.config.trace_dir else cache_dir() / "traces"
         self.trace_path, episode_id = new_trace_path(trace_dir, self.task.id)
-        self._trace = TraceWriter(self.trace_path)
-        self._trace.write({
-            "type": "episode_start", "schema": TRACE_SCHEMA, "episode_id": episode_id, "task_id": self.task.id,
-            "task_hash": self.task.hash, "task_card": self.task.card.model_dump(mode="json", exclude={"cases"}),
-            "task_view": self.task.agent_view(), "sandbox": self.profile.model_dump(mode="json"),
-            "hardware": hardware.model_dump(), "agent": self.agent_info, "sandbox_slot": self._slot_info(),
-            "config": {**self.config.model_dump(mode="json"), "world_size": self.world_size}, "seed": seed,
-        })
+        start = EpisodeStart(
+            episode_id=episode_id, task_id=self.task.id, task_hash=self.task.hash,
+            task_card=self.task.card.model_dump(mode="json", exclude={"cases"}), task_view=self.task.agent_view(),
+            sandbox=self.profile.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"),
+            agent=self.agent_info, sandbox_slot=self._slot_info(),
+            config={**self.config.model_dump(mode="json"), "world_size": self.world_size}, seed=seed)
+        self._recorders = [TraceRecorder(), *self._hooks]  # a fresh trace writer per episode
+        for hook in self._recorders:
+            hook.on_start(self, start)
+        self._recording = True
         info = {"task_id": self.task.id, "task_hash": self.task.hash, "world_size": self.world_size,
                 "trace_path": str(self.trace_path), "tools": list(TOOLS)}
         if self._slot is not None:
@@ -370,7 +394,7 @@ class Episode:
         """One turn of the episode: the action parsed, judged if it holds code, rewarded, traced."""
         if self._closed:
             raise ResetNeeded("the env was closed; make a new one")
-        if self.done or self._trace is None:
+        if self.done or not self._recording:
             raise ResetNeeded("the episode is over; call reset()")
         self.turn += 1
         t0 = time.monotonic()
@@ -444,17 +468,16 @@ class Episode:
             sandbox=slot, step_s=time.monotonic() - t0,
             context={"task_id": self.task.id, "task_hash": self.task.hash, "trace_path": str(self.trace_path)})
         self.last_outcome = outcome
-        trace = self._trace
-        if trace is None:  # closed meanwhile (a run being stopped): this turn is not recorded as played
+        if not self._recording:  # closed meanwhile (a run being stopped): this turn is not recorded as played
             raise SandboxError("the env was closed while this step ran")
-        trace.write({"type": "step", "turn": self.turn,
-                     "action": {"tool": outcome.tool, "files": act.files if act else {},
-                                "raw": None if act else _action_text(action)},
-                     "meta": act.meta if act else {}, "observation": outcome.feedback,
-                     "judge_result": result.model_dump(mode="json") if result else None, "reward": outcome.reward,
-                     "reward_parts": parts.model_dump() if parts else None, "turn_score": outcome.turn_score,
-                     "sandbox_slot": slot, "terminated": terminated, "truncated": truncated,
-                     "step_s": outcome.step_s, "error": parse_error})
+        record = TraceStep(
+            turn=self.turn, action=TraceAction(tool=outcome.tool, files=act.files if act else {},
+                                               raw=None if act else _action_text(action)),
+            meta=_turn_meta(act.meta if act else {}), observation=outcome.feedback, judge_result=result,
+            reward=outcome.reward, reward_parts=parts, turn_score=outcome.turn_score, sandbox_slot=slot,
+            terminated=terminated, truncated=truncated, step_s=outcome.step_s, error=parse_error)
+        for hook in self._recorders:
+            hook.on_step(self, outcome, record)
         if self.done:
             self._finish_trace(result.verdict.value if result else None)
             self._release_slot()

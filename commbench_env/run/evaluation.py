@@ -180,6 +180,6 @@ def load_run_traces(run_dir: Path) -> list[Any]:
             t = read_trace(p)
         except (OSError, ValueError):
             continue
-        if t.complete and (t.end or {}).get("status", "finished") == "finished":
+        if t.end is not None and t.end.status == "finished":
             traces.append(t)
     return traces

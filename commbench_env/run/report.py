@@ -40,21 +40,18 @@ class Episode:
 
 
 def episode_of(trace: Trace, run: str) -> Episode:
-    s, steps, end = trace.start, trace.steps, trace.end or {}
-    card = s.get("task_card") or {}
-    last = (steps[-1].get("reward_parts") or {}) if steps else {}
-    first_pass = next((st["turn"] for st in steps
-                       if (st.get("judge_result") or {}).get("verdict") == "pass"
-                       and (st.get("judge_result") or {}).get("mode") in ("check", "full")), None)
-    meta = [st.get("meta") or {} for st in steps]
+    s, steps, end = trace.start, trace.steps, trace.end
+    card = s.task_card
+    last = steps[-1].reward_parts if steps else None
+    first_pass = next((st.turn for st in steps if st.verdict == "pass" and st.judge_result is not None
+                       and st.judge_result.mode in ("check", "full")), None)
     return Episode(run=run, task_id=trace.task_id, category=str(card.get("category", "?")),
                    difficulty=str(card.get("difficulty", "?")), language=str(card.get("language", "?")),
-                   agent=str((s.get("agent") or {}).get("name", "?")), reward=float(end.get("reward", 0.0)),
-                   correct=bool(last.get("correct")), band=last.get("band"), speedup=last.get("speedup"),
-                   turns=int(end.get("turns", len(steps))), first_pass_turn=first_pass,
-                   tokens_in=sum(int(m.get("tokens_in") or 0) for m in meta),
-                   tokens_out=sum(int(m.get("tokens_out") or 0) for m in meta),
-                   cost_usd=sum(float(m.get("cost_usd") or 0.0) for m in meta))
+                   agent=str(s.agent.get("name", "?")), reward=end.reward if end else 0.0,
+                   correct=bool(last and last.correct), band=last.band if last else None,
+                   speedup=last.speedup if last else None, turns=end.turns if end else len(steps),
+                   first_pass_turn=first_pass, tokens_in=sum(m.tokens_in for m in trace.meta),
+                   tokens_out=sum(m.tokens_out for m in trace.meta), cost_usd=sum(m.cost_usd for m in trace.meta))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

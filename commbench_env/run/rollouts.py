@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ..agents.base import Agent
+from ..agents.base import Agent  # noqa: F401 - named in AgentFactory
 from ..episode.gym_env import CommBenchEnv
+from ..episode.play import aplay
 from ..errors import SandboxError
 from .infra import InfraPolicy
 from ..sandbox.pool import SandboxPool
@@ -30,27 +31,6 @@ class AsyncAgent(Protocol):
     async def reset(self, observation: dict[str, Any], info: dict[str, Any]) -> None: ...
 
     async def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Any: ...
-
-
-class ThreadedAgent:
-    """A synchronous Agent (commbench_env.agents) as an AsyncAgent: its calls run in a thread."""
-
-    def __init__(self, agent: Agent, executor: ThreadPoolExecutor | None = None):
-        self.agent = agent
-        self.name = getattr(agent, "name", type(agent).__name__)
-        self._ex = executor
-
-    async def _run(self, fn: Callable, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._ex, fn, *args)
-
-    async def reset(self, observation: dict[str, Any], info: dict[str, Any]) -> None:
-        await self._run(self.agent.reset, observation, info)
-
-    async def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Any:
-        return await self._run(self.agent.act, observation, info)
-
-    async def close(self) -> None:
-        await self._run(self.agent.close)
 
 
 @dataclass(frozen=True)
@@ -194,44 +174,38 @@ class EpisodePool:
             except SandboxError as exc:
                 outcome.error = policy.describe(exc)
                 self._envs.remove(env)
+                partial = env.trace_path
                 await env.aclose(executor=self._executor)  # a fresh env (and sandbox) for the retry
                 env = None
-                policy.discard(outcome.trace_path)  # an infrastructure failure is never scored as the agent's
+                policy.discard(partial)  # an infrastructure failure is never scored as the agent's
         outcome.ended = time.monotonic()
         return env, outcome
 
     async def _play(self, env: CommBenchEnv, req: EpisodeRequest, outcome: EpisodeOutcome) -> None:
         agent = self.agent_factory(req)
-        if not asyncio.iscoroutinefunction(getattr(agent, "act", None)):
-            agent = ThreadedAgent(agent, self._executor)  # type: ignore[arg-type]
         options: dict[str, Any] = {"task": req.task}
         if req.world_size is not None:
             options["world_size"] = req.world_size
         outcome.steps, outcome.rewards = [], []
+
         try:
-            obs, info = await env.areset(seed=req.seed, options=options, executor=self._executor)
-            outcome.task_id, outcome.world_size = info["task_id"], info["world_size"]
-            outcome.trace_path, outcome.sandbox = info.get("trace_path"), info.get("sandbox")
-            await agent.reset(obs, info)
-            out = None
-            while out is None or not out.done:
-                action = await agent.act(obs, info)
-                t0 = time.monotonic()
-                out = await env.aplay_turn(action, executor=self._executor)
-                obs, info = env.observation(), out.info()
-                outcome.steps.append(StepRecord(turn=out.turn, tool=out.tool, verdict=out.verdict,
-                                                reward=out.reward, started=t0, ended=time.monotonic()))
-                outcome.rewards.append(out.reward)
-            outcome.turns = out.turn
-            outcome.final_reward = float(out.episode_reward)
-            outcome.turn_rewards = list(out.turn_rewards or outcome.rewards)
-            outcome.verdict = out.verdict
+            played = await aplay(env, agent, seed=req.seed, options=options, executor=self._executor)
         finally:
             close = getattr(agent, "close", None)
             if close is not None:
-                res = close()
-                if asyncio.iscoroutine(res):
-                    await res
+                res = close() if asyncio.iscoroutinefunction(close) else \
+                    asyncio.get_running_loop().run_in_executor(self._executor, close)
+                await res
+        info, last = played.info, played.last
+        outcome.task_id, outcome.world_size = info["task_id"], info["world_size"]
+        outcome.trace_path, outcome.sandbox = info.get("trace_path"), info.get("sandbox")
+        outcome.steps = [StepRecord(turn=t.outcome.turn, tool=t.outcome.tool, verdict=t.outcome.verdict,
+                                    reward=t.outcome.reward, started=t.started, ended=t.ended) for t in played.turns]
+        outcome.rewards = played.rewards
+        outcome.turns = last.turn
+        outcome.final_reward = float(last.episode_reward)
+        outcome.turn_rewards = list(last.turn_rewards or outcome.rewards)
+        outcome.verdict = last.verdict
 
     # -- lifetime ----------------------------------------------------------------------------------------------
     async def aclose(self) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -11,8 +10,7 @@ from typing import Any
 from ..agents import Agent, AgentCard, load_agent, load_agent_card
 from ..cards import Task
 from ..episode.gym_env import CommBenchEnv
-from ..episode.core import StepOutcome
-from ..errors import Interrupted
+from ..episode.play import play
 from ..score.reward import RewardConfig
 
 
@@ -40,34 +38,18 @@ class EpisodeSummary:
 def play_episode(env: CommBenchEnv, agent: Agent, *, options: dict[str, Any] | None = None, seed: int | None = None,
                  on_turn: Callable[[int, dict[str, Any]], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> EpisodeSummary:
-    """Play one episode to its end; `should_stop()` is asked before every agent call and judge run, and a True
-    ends the episode as interrupted (`Interrupted`, its trace marked so)."""
-    t0 = time.monotonic()
-    stop = should_stop or (lambda: False)
-    obs, info = env.reset(seed=seed, options=options)
-    agent.reset(obs, info)
-    outcome: StepOutcome | None = None
-
-    def check_stop() -> None:
-        if stop():
-            raise Interrupted(f"{env.task.id}: stopped before turn {env.turn + 1}")
-
-    while outcome is None or not outcome.done:
-        check_stop()
-        action = agent.act(obs, info)
-        check_stop()  # an agent call can take minutes: no judge run for a run that was stopped meanwhile
-        outcome = env.play_turn(action)
-        obs, info = env.observation(), outcome.info()
-        if on_turn:
-            on_turn(outcome.turn, info)
+    """Play one episode to its end (the episode core's loop, `episode.play`); `should_stop()` is asked before every
+    agent call and judge run, and a True ends the episode as interrupted (`Interrupted`, its trace marked so)."""
+    played = play(env, agent, seed=seed, options=options, should_stop=should_stop, on_turn=on_turn)
+    outcome = played.last
     parts = outcome.parts
     bench = outcome.result.benchmark if outcome.result else []
-    return EpisodeSummary(task_id=env.task.id, agent=agent.name, world_size=env.world_size, turns=env.turn,
+    return EpisodeSummary(task_id=env.task.id, agent=agent.name, world_size=env.world_size, turns=outcome.turn,
                           reward=float(outcome.episode_reward), verdict=outcome.verdict, correct=outcome.correct,
                           speedup=parts.speedup if parts else None, band=parts.band if parts else None,
                           busbw_gbps=bench[-1].busbw_gbps if bench else None,
                           size_bytes=bench[-1].size_bytes if bench else None,
-                          trace_path=str(env.trace_path), duration_s=time.monotonic() - t0)
+                          trace_path=str(env.trace_path), duration_s=played.ended - played.started)
 
 
 def run_tasks(tasks: list[Task], agent_card: AgentCard | str, *, sandbox: str = "local-cpu", world: int | None = None,

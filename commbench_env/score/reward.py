@@ -16,7 +16,7 @@ final reward credited back to every turn with a discount.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import Field
 
@@ -126,6 +126,18 @@ class TurnRewardConfig(StrictModel):
     baseline: Literal["previous", "best"] = Field(default="previous", description="improvement: subtract the "
                                                   "previous turn's score or the best score so far")
     gamma: float = Field(default=0.9, gt=0, le=1, description="discounted: credit per turn back from the last")
+
+
+class RewardSchedule(Protocol):
+    """How an episode's turns are rewarded: fed each turn's score (and the final reward on the last turn), it
+    returns that step's reward. `TurnCredit` implements the built-in modes; `Episode(reward_schedule=...)` takes
+    any callable that makes one from the episode's TurnRewardConfig."""
+
+    scores: list[float]
+
+    def step(self, score: float | None, final: float | None = None) -> float: ...
+
+    def turn_rewards(self) -> list[float]: ...
 
 
 class TurnCredit:

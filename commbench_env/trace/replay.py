@@ -33,31 +33,29 @@ def replay_trace(path: Path | str, *, sandbox: str | None = None, turn: int | No
     """Returns (task id, one TurnReplay per replayed turn)."""
     trace = read_trace(path)
     task = load_task(trace.task_id)
-    note = "" if task.hash == trace.start.get("task_hash") else "task card changed since the recording"
-    profile = sandbox or (trace.start.get("sandbox") or {}).get("name", "local-cpu")
-    world = (trace.start.get("config") or {}).get("world_size") or task.card.world.default_size
+    note = "" if task.hash == trace.start.task_hash else "task card changed since the recording"
+    profile = sandbox or trace.start.sandbox.get("name", "local-cpu")
+    world = trace.start.world_size or task.card.world.default_size
     out: list[TurnReplay] = []
     files: dict[str, str] = {}
     with open_sandbox(profile) as sb:
         client = JudgeClient(sb)
         try:
             for step in trace.steps:
-                action = step.get("action") or {}
-                files = action.get("files") or files
-                if turn is not None and step["turn"] != turn:
+                files = step.action.files or files
+                if turn is not None and step.turn != turn:
                     continue
-                recorded = (step.get("judge_result") or {})
-                tool = action.get("tool")
-                if not tool or not files or not recorded:
-                    out.append(TurnReplay(step["turn"], tool, None, None, [], True, "nothing was judged"))
+                recorded, tool = step.judge_result, step.action.tool
+                if not tool or not files or recorded is None:
+                    out.append(TurnReplay(step.turn, tool, None, None, [], True, "nothing was judged"))
                     continue
-                mode = recorded.get("mode") or TOOL_TO_MODE[tool]
+                mode = recorded.mode or TOOL_TO_MODE[tool]
                 res = client.evaluate(task, files, mode, world)
-                rec_bench = {b["size_bytes"]: b["time_us"] for b in recorded.get("benchmark") or []}
+                rec_bench = {b.size_bytes: b.time_us for b in recorded.benchmark}
                 figs = [(b.size_bytes, rec_bench[b.size_bytes], b.time_us) for b in res.benchmark if b.size_bytes in rec_bench]
                 within = all(abs(new - old) <= tolerance * max(old, 1e-9) for _, old, new in figs)
-                same = res.verdict.value == recorded.get("verdict")
-                out.append(TurnReplay(step["turn"], tool, recorded.get("verdict"), res.verdict.value, figs,
+                same = res.verdict == recorded.verdict
+                out.append(TurnReplay(step.turn, tool, recorded.verdict.value, res.verdict.value, figs,
                                       same and within, note if note else ("" if within else "figures differ")))
         finally:
             client.close()

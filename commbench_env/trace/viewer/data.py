@@ -49,14 +49,11 @@ class EpisodeIndex:
             except (OSError, ValueError):
                 continue
             eid = hashlib.sha1(str(f.resolve()).encode()).hexdigest()[:12]
-            end = t.end or {}
-            meta = [s.get("meta") or {} for s in t.steps]
+            end = t.end
             self.rows.append(EpisodeRow(
-                id=eid, run=run, task=t.task_id, agent=str((t.start.get("agent") or {}).get("name", "-")),
-                reward=float(end.get("reward", 0.0)), turns=len(t.steps),
-                verdict=str(end.get("final_verdict") or "unfinished"),
-                cost_usd=sum(float(m.get("cost_usd") or 0) for m in meta),
-                tokens=sum(int(m.get("tokens_in") or 0) + int(m.get("tokens_out") or 0) for m in meta),
+                id=eid, run=run, task=t.task_id, agent=t.start.agent_name, reward=end.reward if end else 0.0,
+                turns=len(t.steps), verdict=(end.final_verdict or end.status) if end else "unfinished",
+                cost_usd=sum(m.cost_usd for m in t.meta), tokens=sum(m.tokens_in + m.tokens_out for m in t.meta),
                 complete=t.complete))
             self.files[eid] = f
 
@@ -79,26 +76,25 @@ def episode_view(t: Trace) -> dict[str, Any]:
     """Everything an episode page shows, with each turn's code diffed against the previous turn's."""
     turns, previous = [], ""
     for s in t.steps:
-        files = (s.get("action") or {}).get("files") or {}
+        files = s.action.files
         code = "\n".join(files.values()) if files else previous
         diff = "".join(difflib.unified_diff(previous.splitlines(True), code.splitlines(True), "previous", "this turn"))
-        jr = s.get("judge_result") or {}
+        jr = s.judge_result.model_dump(mode="json") if s.judge_result else {}
         bench = jr.get("benchmark") or []
         first_bad = next((c.get("mismatch") for c in jr.get("cases") or [] if c.get("mismatch")), None)
         turns.append({
-            "turn": s.get("turn"), "tool": (s.get("action") or {}).get("tool"), "message": (s.get("meta") or {}).get("message", ""),
-            "code": code, "diff": diff if files else "", "feedback": s.get("observation", ""),
-            "verdict": jr.get("verdict"), "summary": jr.get("summary", ""), "mismatch": first_bad,
+            "turn": s.turn, "tool": s.action.tool, "message": s.meta.message, "code": code,
+            "diff": diff if files else "", "feedback": s.observation, "verdict": jr.get("verdict"),
+            "summary": jr.get("summary", ""), "mismatch": first_bad,
             "benchmark": [{k: b.get(k) for k in ("size_bytes", "time_us", "algbw_gbps", "busbw_gbps", "roofline_gbps",
                                                  "roofline_pct", "verified")} for b in bench],
             "roofline": jr.get("roofline"),
             "profile": [{"rank": p.get("rank"), "rows": (p.get("rows") or [])[:10]} for p in jr.get("profile") or []],
-            "reward": s.get("reward", 0.0), "reward_parts": s.get("reward_parts") or {},
-            "tokens_in": (s.get("meta") or {}).get("tokens_in", 0), "tokens_out": (s.get("meta") or {}).get("tokens_out", 0),
-            "cost_usd": (s.get("meta") or {}).get("cost_usd", 0.0),
+            "reward": s.reward, "reward_parts": s.reward_parts.model_dump(mode="json") if s.reward_parts else {},
+            "tokens_in": s.meta.tokens_in, "tokens_out": s.meta.tokens_out, "cost_usd": s.meta.cost_usd,
         })
         previous = code
     st = t.start
-    return {"task": t.task_id, "task_hash": st.get("task_hash"), "agent": st.get("agent") or {},
-            "sandbox": (st.get("sandbox") or {}).get("name"), "hardware": st.get("hardware") or {},
-            "config": st.get("config") or {}, "end": t.end or {}, "turns": turns, "file": str(t.path)}
+    return {"task": t.task_id, "task_hash": st.task_hash, "agent": st.agent, "sandbox": st.sandbox.get("name"),
+            "hardware": st.hardware, "config": st.config,
+            "end": t.end.model_dump(mode="json", by_alias=True) if t.end else {}, "turns": turns, "file": str(t.path)}
