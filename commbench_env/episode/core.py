@@ -93,6 +93,8 @@ class EpisodeConfig(StrictModel):
         default="cached", description="reference timing: cached per hardware, re-measured each final step, or none")
     trace_dir: str | None = Field(default=None, description="where traces go; default ~/.cache/commbench/traces")
     feedback_chars: int = 6000
+    check_worlds: int = Field(default=2, ge=1, description="world sizes a passing check or submission is judged at: "
+                              "the episode's, then others of the card (one not a power of two where it lists one)")
     static_check: bool = True
 
 
@@ -330,7 +332,7 @@ class Episode:
 
     def _evaluate(self, judge: JudgeClient, files: dict[str, str], mode: str) -> JudgeResult:
         result = judge.evaluate(self.task, files, mode, self.world_size,  # type: ignore[arg-type]
-                                static_check=self.config.static_check)
+                                static_check=self.config.static_check, worlds=self.config.check_worlds)
         if self._pool is not None and self._recycle is None:
             from ..sandbox.pool import recycle_reason
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from ...cards import Task
 from ...errors import CardError, JudgeInfraError, SandboxError, UnservableError
 from .request import JudgeRequest
-from .result import JudgeResult, Mode
+from .result import JudgeResult, Mode, Verdict
+from .worlds import merge_worlds, other_worlds
 from ..protocol import RESULT_MARK, judge_command
 
 if TYPE_CHECKING:  # the judge drives any Sandbox through its interface; the pool (sandbox/pool.py) imports this
@@ -79,8 +80,25 @@ class JudgeClient:
 
     def evaluate(self, task: Task, files: Mapping[str, str], mode: Mode, world_size: int, *,
                  device_mode: str | None = None, secret: bytes | None = None, static_check: bool = True,
-                 timeout_s: float | None = None) -> JudgeResult:
-        """Judge `files` for `task`. Raises JudgeInfraError when the judge itself fails (never the agent's fault)."""
+                 timeout_s: float | None = None, worlds: int = 1) -> JudgeResult:
+        """Judge `files` for `task`. Raises JudgeInfraError when the judge itself fails (never the agent's fault).
+
+        `worlds` > 1: a `check` or `full` run that passes is checked again at up to `worlds - 1` other world sizes
+        of the card (judge/host/worlds.py); the benchmark stays at `world_size`."""
+        result = self._evaluate_one(task, files, mode, world_size, device_mode=device_mode, secret=secret,
+                                    static_check=static_check, timeout_s=timeout_s)
+        if worlds <= 1 or mode not in ("check", "full") or result.verdict != Verdict.passed:
+            return result
+        dev = device_mode or self.sandbox.profile.device_mode
+        max_world = len(self.sandbox.hardware().gpus) if dev == "cuda" else None
+        others = [self._evaluate_one(task, files, "check", w, device_mode=device_mode, static_check=static_check,
+                                     timeout_s=timeout_s)
+                  for w in other_worlds(task.card.world.sizes, world_size, worlds - 1, max_world)]
+        return merge_worlds(result, others)
+
+    def _evaluate_one(self, task: Task, files: Mapping[str, str], mode: Mode, world_size: int, *,
+                      device_mode: str | None = None, secret: bytes | None = None, static_check: bool = True,
+                      timeout_s: float | None = None) -> JudgeResult:
         if world_size not in task.card.world.sizes:
             raise CardError(f"{task.id} runs at world sizes {task.card.world.sizes}, not {world_size}")
         why = task.unsupported(mode)

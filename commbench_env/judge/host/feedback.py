@@ -52,6 +52,10 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
                 last = [ln for ln in c.error.splitlines() if ln.strip()]
                 line += ": " + (last[-1].strip() if last else "error")
             lines.append(line)
+    if r.worlds:
+        lines += ["", f"world sizes judged: {r.world_size} (this episode's)"
+                  + "".join(f"; {w.world}: {w.verdict.value}, {w.passed} of {w.total} cases passed" for w in r.worlds)
+                  + " (the cases of other worlds are listed as hidden)"]
     if r.benchmark:
         flops = any(s.tflops for s in r.benchmark)
         roof = any(s.roofline_pct is not None for s in r.benchmark)

@@ -68,6 +68,15 @@ class CaseResult(StrictModel):
     mismatch: Mismatch | None = None
 
 
+class WorldCheck(StrictModel):
+    """A check of the same code at another world size than the episode's (judge/host/worlds.py)."""
+
+    world: int
+    verdict: Verdict
+    passed: int
+    total: int
+
+
 class SizeResult(StrictModel):
     """One benchmark size, nccl-tests style: time is the mean over iterations, max over ranks."""
 
@@ -202,6 +211,8 @@ class JudgeResult(StrictModel):
                                     "accepts weak isolation (accept_weak_isolation); a result from a host that "
                                     "could not confine candidate code is not comparable on a leaderboard")
     sanitizer: list[SanitizerReport] = Field(default_factory=list)
+    worlds: list[WorldCheck] = Field(default_factory=list, description="the other world sizes this code was "
+                                     "checked at; their cases follow the episode world's, as hidden cases")
 
     @property
     def correct(self) -> bool:
