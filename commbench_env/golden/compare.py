@@ -11,8 +11,9 @@ if TYPE_CHECKING:
 
 
 def _fmt(x: torch.Tensor) -> str:
+    """Every digit the value has (a float's shortest round-trip form): 10.6423 and 10.642300000000001 differ."""
     v = x.item()
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
+    return repr(float(v)) if isinstance(v, float) else str(v)
 
 
 def compare_tensor(expected: torch.Tensor, got: torch.Tensor, tol: tuple[float, float]) -> dict | None:
@@ -38,8 +39,21 @@ def compare_tensor(expected: torch.Tensor, got: torch.Tensor, tol: tuple[float, 
     flat = int(bad.nonzero()[0].item())
     index = list(torch.unravel_index(torch.tensor(flat), tuple(expected.shape))) if expected.dim() else []
     reason = "nan" if g.is_floating_point() and bool(torch.isnan(g[flat])) else "value"
-    return {"reason": reason, "index": [int(i) for i in index], "expected": _fmt(e[flat]), "got": _fmt(g[flat]),
-            "wrong_count": int(bad.sum()), "total_count": int(e.numel())}
+    out = {"reason": reason, "index": [int(i) for i in index], "expected": _fmt(e[flat]), "got": _fmt(g[flat]),
+           "wrong_count": int(bad.sum()), "total_count": int(e.numel())}
+    if e.is_floating_point():
+        diff = (g - e).abs()
+        allowed = atol + rtol * e.abs()
+        finite = bad & torch.isfinite(diff)
+        out.update(rtol=rtol, atol=atol)
+        if bool(finite[flat]):
+            out["abs_error"] = float(diff[flat])
+            out["rel_error"] = float(diff[flat] / e[flat].abs()) if float(e[flat]) != 0.0 else None
+        if bool(finite.any()):
+            out["worst_tolerance_ratio"] = float((diff[finite] / allowed[finite].clamp_min(1e-300)).max())
+    else:
+        out["abs_error"] = float(abs(int(g[flat]) - int(e[flat])))
+    return out
 
 
 def first_mismatch(case: "CaseSpec", expected: list[dict[str, torch.Tensor]], outputs: list[dict[str, torch.Tensor]],

@@ -16,10 +16,22 @@ def _mismatch_line(m: "Mismatch") -> str:
         where += f", index {m.index}"
     if m.reason in ("value", "nan") and m.hidden:
         s = f"{where}: {'wrong values' if m.reason == 'value' else 'NaN where a number was expected'}"
+        if m.wrong_count:
+            s += f" ({m.wrong_count} element{'s' if m.wrong_count != 1 else ''} wrong"
+            if m.worst_tolerance_ratio is not None:
+                s += f", the worst {_ratio(m.worst_tolerance_ratio)} the tolerance"
+            s += ")"
     elif m.reason in ("value", "nan"):
         s = f"{where}: expected {m.expected}, got {m.got}"
-        if m.total_count and not m.hidden:
-            s += f" ({m.wrong_count} of {m.total_count} elements wrong)"
+        if m.abs_error is not None:
+            s += f" (abs error {m.abs_error:.3g}" + (f", rel error {m.rel_error:.3g}" if m.rel_error is not None
+                                                     else "") + ")"
+        if m.rtol is not None:
+            s += f"; tolerance |got - expected| <= {m.atol:.3g} + {m.rtol:.3g} * |expected|"
+        if m.total_count:
+            s += f"; {m.wrong_count} of {m.total_count} elements wrong"
+            if m.worst_tolerance_ratio is not None and m.wrong_count > 1:
+                s += f", the worst {_ratio(m.worst_tolerance_ratio)} the tolerance"
     elif m.reason == "shape":
         if m.hidden:
             s = f"{where}: wrong shape"
@@ -34,6 +46,10 @@ def _mismatch_line(m: "Mismatch") -> str:
     if m.detail and m.reason in ("value", "nan", "shape") and m.detail not in s and not m.hidden:
         s += f" [{m.detail}]"
     return s
+
+
+def _ratio(r: float) -> str:
+    return f"{r:.3g} times" if r >= 10 else f"{r:.2f}x"
 
 
 def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:

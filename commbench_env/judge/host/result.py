@@ -41,6 +41,12 @@ class Mismatch(StrictModel):
     hidden: bool = False
     wrong_count: int = 0
     total_count: int = 0
+    abs_error: float | None = Field(default=None, description="|got - expected| at `index`")
+    rel_error: float | None = Field(default=None, description="abs_error / |expected| at `index`")
+    rtol: float | None = None
+    atol: float | None = None
+    worst_tolerance_ratio: float | None = Field(default=None, description="over the wrong elements, the largest "
+                                                "|got - expected| / (atol + rtol |expected|): 1 is the edge")
 
 
 class Violation(StrictModel):
@@ -247,7 +253,9 @@ class JudgeResult(StrictModel):
                 continue
             mm = c.mismatch
             if mm is not None:
-                mm = Mismatch(case=labels[c.name], rank=mm.rank, output=mm.output, reason=mm.reason, hidden=True)
+                # counts and how far off, relative to the tolerance: never an index, a shape or a value
+                mm = Mismatch(case=labels[c.name], rank=mm.rank, output=mm.output, reason=mm.reason, hidden=True,
+                              wrong_count=mm.wrong_count, worst_tolerance_ratio=mm.worst_tolerance_ratio)
             cases.append(c.model_copy(update={"name": labels[c.name], "mismatch": mm, "error": scrub(c.error)}))
         ranks = [k.model_copy(update={"stdout": scrub(k.stdout), "stderr": scrub(k.stderr), "stack": scrub(k.stack)})
                  for k in self.ranks]
