@@ -46,14 +46,14 @@ def test_feedback_shows_percent_of_roofline_and_says_emulated():
 def test_viewer_turns_carry_the_roofline():
     from pathlib import Path
 
-    from commbench_env.trace.records import Trace
+    from commbench_env.trace.records import EpisodeStart, Trace, TraceAction, TraceStep
 
     jr = JudgeResult(task_id="p2p/ipc_pull_copy", task_hash="x", mode="benchmark", world_size=2,
                      device_mode="cuda", verdict=Verdict.passed,
                      roofline=Roofline(name="NVLink per direction (NVML)", gbps=478.0, per_rank_gbps=478.0,
-                                       emulated=False), benchmark=[_size(239.0, 50.0)]).model_dump(mode="json")
-    trace = Trace(path=Path("t.jsonl"), start={"task_id": "p2p/ipc_pull_copy"}, steps=[{"turn": 1, "action": {"tool": "benchmark"},
-                                                                        "judge_result": jr}], end={})
+                                       emulated=False), benchmark=[_size(239.0, 50.0)])
+    trace = Trace(path=Path("t.jsonl"), start=EpisodeStart(task_id="p2p/ipc_pull_copy"),
+                  steps=[TraceStep(turn=1, action=TraceAction(tool="benchmark"), judge_result=jr)])
     turn = episode_view(trace)["turns"][0]
     assert turn["benchmark"][0]["roofline_pct"] == 50.0 and turn["roofline"]["per_rank_gbps"] == 478.0
 

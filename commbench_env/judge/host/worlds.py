@@ -45,5 +45,5 @@ def merge_worlds(primary: JudgeResult, others: list[JudgeResult]) -> JudgeResult
         update["violations"] = [*primary.violations, *failed.violations]
     else:
         update["summary"] = (f"{primary.summary} at world {primary.world_size}; also correct at world "
-                             + ", ".join(str(o.world_size) for o in others))
+                             + ", ".join(f"{o.world_size} ({len(o.cases)} more cases)" for o in others))
     return primary.model_copy(update=update)
