@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,30 @@ def test_eval_runs_samples_in_parallel_and_resumes(tmp_path):
     second = run_eval(SUBMIT, tasks, sandbox="local-cpu", out=tmp_path, parallel=2, samples=2, world=2)
     assert [r["key"] for r in second] == [missing]
     assert len(run_eval(SUBMIT, tasks, sandbox="local-cpu", out=tmp_path, samples=2, world=2)) == 0
+
+
+class SlowReferenceAgent:
+    """The reference agent, thinking 1.5 s before each action as a model would: an episode is surely playing
+    for a while after the one before it finished."""
+
+    def __init__(self, card):
+        from commbench_env.agents.reference import ReferenceAgent
+
+        self.name = card.name
+        self.inner = ReferenceAgent(AgentCard(name=card.name, kind="reference",
+                                              params={"plan": ["check:starter", "check:reference", "submit:reference"]}))
+
+    def reset(self, observation, info):
+        self.inner.reset(observation, info)
+
+    def act(self, observation, info):
+        import time
+
+        time.sleep(1.5)
+        return self.inner.act(observation, info)
+
+    def close(self):
+        pass
 
 
 class FlakyInfraAgent:
@@ -171,15 +196,20 @@ def test_ctrl_c_stops_eval_within_seconds_and_the_rerun_counts_each_episode_once
     from commbench_env.trace.records import read_trace
 
     tasks = "collective/allreduce_ring,p2p/ring_shift,utility/barrier_p2p"
-    cmd = [sys.executable, "-m", "commbench_env.cli", "eval", "--agent", "reference", "--tasks", tasks,
-           "--world", "2", "--out", str(tmp_path)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    results = tmp_path / RESULTS
+    card = tmp_path / "slow.toml"
+    card.write_text('name = "slow-reference"\nkind = "tests.test_eval_report:SlowReferenceAgent"\nmax_turns = 4\n')
+    cmd = [sys.executable, "-m", "commbench_env.cli", "eval", "--agent", str(card), "--tasks", tasks,
+           "--world", "2", "--out", str(tmp_path / "run")]
+    repo = Path(__file__).resolve().parent.parent  # the agent's class is imported from tests/
+    out = tmp_path / "run"
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         cwd=repo)
+    results = out / RESULTS
     _wait_for_lines(results, 1, 300)
-    time.sleep(1.0)  # the second episode is playing now
+    time.sleep(1.0)  # the second episode is playing now: its agent thinks 1.5 s before each of its three turns
     t0 = time.monotonic()
     os.killpg(p.pid, signal.SIGINT)
-    out, errs = p.communicate(timeout=60)
+    _, errs = p.communicate(timeout=60)
     stopped_s = time.monotonic() - t0
     assert stopped_s < 20, f"took {stopped_s:.1f} s to stop"
     assert p.returncode == 130, errs
@@ -187,19 +217,19 @@ def test_ctrl_c_stops_eval_within_seconds_and_the_rerun_counts_each_episode_once
     recs = [json.loads(x) for x in results.read_text().splitlines()]
     statuses = {r["key"]: r["status"] for r in recs}
     assert list(statuses.values()).count("done") >= 1 and "interrupted" in statuses.values(), statuses
-    for trace in sorted((tmp_path / "traces").glob("*.jsonl")):
+    for trace in sorted((out / "traces").glob("*.jsonl")):
         t = read_trace(trace)
         if t.end and t.end.status == "interrupted":
             assert t.end.final_verdict is None and t.end.reward == 0.0
-    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    leftover = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert not leftover, f"processes of the stopped run still run: {leftover}"
     from commbench_env.run.evaluation import unscored_episodes
 
-    assert unscored_episodes(tmp_path).get("interrupted", 0) >= 1  # counted apart, never scored
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert unscored_episodes(out).get("interrupted", 0) >= 1  # counted apart, never scored
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=repo)
     assert again.returncode == 0, again.stderr
-    assert unscored_episodes(tmp_path) == {}
+    assert unscored_episodes(out) == {}
     done = [json.loads(x) for x in results.read_text().splitlines() if json.loads(x)["status"] == "done"]
     assert sorted(r["key"] for r in done) == sorted(f"{t}#0" for t in tasks.split(","))
-    counted = load_run_traces(tmp_path)
+    counted = load_run_traces(out)
     assert sorted(t.task_id for t in counted) == sorted(tasks.split(","))  # each (task, sample) once
