@@ -17,6 +17,7 @@ from .paths import CUDA_HEADER_DIR, tasks_dir
 
 CARD_FILE = "task.toml"
 PROMPT_FILE = "prompt.md"
+HINTS_FILE = "hints.md"  # optional design advice, shown only at the hints level
 
 
 class Category(str, Enum):
@@ -268,6 +269,7 @@ class Task:
         self.card = card
         self.root = root
         self.prompt = _card_text(root / PROMPT_FILE, ascii_only=True)
+        self.hints = _card_text(root / HINTS_FILE, ascii_only=True) if (root / HINTS_FILE).is_file() else ""
         self.starter = _card_text(root / card.entry.starter)
         self._reference_path = root / card.entry.reference
         self.hash = _hash_dir(root)
@@ -297,11 +299,15 @@ class Task:
         """Everything the judge needs, hidden cases included; sent to it over stdin, never as a file."""
         return {"card": self.card.model_dump(mode="json"), "task_hash": self.hash}
 
-    def agent_view(self) -> str:
-        """Exactly the text the agent sees at reset: statement, signature, rules, visible cases, starter."""
+    def agent_view(self, hints: bool = False, check_worlds: int = 2) -> str:
+        """Exactly the text the agent sees at reset: statement, signature, rules, visible cases, starter; with
+        `hints`, the task's design advice (hints.md) after the statement. The statement alone is the problem: what
+        is computed, the rules, sizes, dtypes, tolerances and what is checked, never the algorithm."""
         c = self.card
         lines = [f"# {c.title}", f"task: {c.id}  ({c.category.value}, {c.difficulty.value}, language: {c.language.value})", ""]
         lines.append(self.prompt.strip())
+        if hints and self.hints.strip():
+            lines += ["", "## Hints", self.hints.strip()]
         lines += ["", "## Rules"]
         lines.append(f"- Write the file `{c.entry.file}` defining: {', '.join(c.entry.functions)}.")
         if c.rules.forbidden_apis:
@@ -329,6 +335,16 @@ class Task:
         if c.rules.inputs_read_only:
             lines.append("- Inputs are read-only: do not modify them.")
         lines.append(f"- World sizes: {', '.join(str(s) for s in c.world.sizes)}; device modes: {', '.join(m.value for m in c.world.device_modes)}.")
+        lines.append("- Checked: every case's outputs on every rank, element by element"
+                     + ("; code that passes is checked again at another of these world sizes." if check_worlds > 1
+                        and len(c.world.sizes) > 1 else "."))
+        floats = sorted({case.dtype for case in c.cases if case.dtype in DEFAULT_TOLERANCE or case.dtype in c.tolerance})
+        if floats:
+            tols = "; ".join(f"{d}: rtol {c.tolerance_for(d).rtol:g}, atol {c.tolerance_for(d).atol:g}" for d in floats)
+            lines.append(f"- Tolerance: |got - expected| <= atol + rtol * |expected|, per dtype ({tols}). "
+                         "Integer and bool outputs must be exact.")
+        else:
+            lines.append("- Outputs must be exact.")
         lines += ["", "## Visible cases (hidden cases of other shapes and sizes are checked too)"]
         for case in c.visible_cases():
             extra = f" params={case.params}" if case.params else ""

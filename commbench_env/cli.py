@@ -69,12 +69,13 @@ def tasks_cmd(category: Optional[str] = typer.Option(None, help="p2p | collectiv
 
 
 @app.command("show")
-def show_cmd(task: str = typer.Argument(..., help="task id, e.g. collective/allreduce_ring")) -> None:
+def show_cmd(task: str = typer.Argument(..., help="task id, e.g. collective/allreduce_ring"),
+             hints: bool = typer.Option(False, help="include the task's design hints (the env's hints=True level)")) -> None:
     """Print exactly what the agent sees for a task."""
     from .cards import load_task
 
     try:
-        print(load_task(task).agent_view())
+        print(load_task(task).agent_view(hints=hints))
     except CommBenchError as exc:
         _fail(exc)
 

@@ -93,6 +93,8 @@ class EpisodeConfig(StrictModel):
         default="cached", description="reference timing: cached per hardware, re-measured each final step, or none")
     trace_dir: str | None = Field(default=None, description="where traces go; default ~/.cache/commbench/traces")
     feedback_chars: int = 6000
+    hints: bool = Field(default=False, description="show each task's design hints (hints.md) after its statement; "
+                        "recorded in the trace's config, and reports say which runs had them")
     check_worlds: int = Field(default=2, ge=1, description="world sizes a passing check or submission is judged at: "
                               "the episode's, then others of the card (one not a power of two where it lists one)")
     static_check: bool = True
@@ -256,7 +258,10 @@ class Episode:
 
     def observation(self) -> dict[str, Any]:
         """The current observation (what reset and step return)."""
-        return {"task": to_charset(self.task.agent_view()), "feedback": to_charset(self.feedback), "turn": self.turn}
+        return {"task": to_charset(self._task_view()), "feedback": to_charset(self.feedback), "turn": self.turn}
+
+    def _task_view(self) -> str:
+        return self.task.agent_view(hints=self.config.hints, check_worlds=self.config.check_worlds)
 
     def _ensure_sandbox(self, fresh: bool) -> None:
         if self._sandbox is not None and (fresh or not self._sandbox.alive):
@@ -378,7 +383,8 @@ class Episode:
         self.trace_path, episode_id = new_trace_path(trace_dir, self.task.id)
         start = EpisodeStart(
             episode_id=episode_id, task_id=self.task.id, task_hash=self.task.hash,
-            task_card=self.task.card.model_dump(mode="json", exclude={"cases"}), task_view=self.task.agent_view(),
+            task_card=self.task.card.model_dump(mode="json", exclude={"cases"}),
+            task_view=self._task_view(),
             sandbox=self.profile.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"),
             agent=self.agent_info, sandbox_slot=self._slot_info(),
             config={**self.config.model_dump(mode="json"), "world_size": self.world_size}, seed=seed)
