@@ -27,6 +27,7 @@ from ..cards import Task, load_task, select_tasks
 from ..config import StrictModel
 from ..errors import CardError, SandboxError
 from ..judge.host.client import JudgeClient, require_gpus
+from ..judge.host.feedback import render_targets
 from ..judge.host.result import JudgeResult, SizeResult
 from ..paths import cache_dir
 from ..score.reference import reference_figures
@@ -445,6 +446,8 @@ class Episode:
                     else:
                         parts = compute_reward(result, None, self.config.reward)
                     self.feedback = result.feedback(self.config.feedback_chars)
+                    if result.benchmark and (terminated or mode == "benchmark"):
+                        self.feedback += self._targets(judge, result)
                     if terminated:
                         self.feedback += f"\n\nSubmitted. Reward {final:.3f}" + (f" ({parts.note})" if parts.note else "")
                 truncated = not terminated and truncated_now
@@ -494,8 +497,18 @@ class Episode:
     def _final_reward(self, judge: JudgeClient, result: JudgeResult) -> RewardBreakdown:
         ref: list[SizeResult] | None = None
         if result.correct and self.config.reference != "none":
-            ref = reference_figures(judge, self.task, self.world_size, refresh=self.config.reference == "interleaved")
+            ref = self._reference(judge, refresh=self.config.reference == "interleaved")
         return compute_reward(result, ref, self.config.reward)
+
+    def _reference(self, judge: JudgeClient, refresh: bool = False) -> list[SizeResult]:
+        """The expert reference's figures on this hardware (cached on disk per hardware and limits, reference.py)."""
+        return reference_figures(judge, self.task, self.world_size, refresh=refresh)
+
+    def _targets(self, judge: JudgeClient, result: JudgeResult) -> str:
+        """The reference's time per size beside the agent's: what a benchmark turn is measured against."""
+        if self.config.reference == "none":
+            return ""
+        return render_targets(result.benchmark, self._reference(judge), result.metric)
 
     def close(self) -> None:
         if self._closed:

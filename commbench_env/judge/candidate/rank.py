@@ -9,6 +9,7 @@ import linecache
 import os
 import socket
 import types
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, NoReturn
@@ -361,6 +362,9 @@ def rank_main(rank: int, world: int, sock: socket.socket, spec: dict[str, Any], 
     def body() -> None:
         isolate.enter(workdir / f"rank{rank}", (sock.fileno(), *keep_fds), cpu_s=int(spec["timeout_s"]) + 5,
                       memory_mb=spec.get("memory_mb"), open_files=1024)
+        # torch's deprecation and future warnings (e.g. on APIs the prompts name) are noise in the agent's stderr
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
         h = RankHarness(rank, world, sock, spec, workdir)
         h.setup()
         try:

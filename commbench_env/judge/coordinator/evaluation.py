@@ -52,7 +52,8 @@ class Evaluation:
         self.t_start = time.monotonic()
         self.result = JudgeResult(task_id=self.card.id, task_hash=req.task.get("task_hash", ""), mode=req.mode,
                                   world_size=self.world, device_mode=req.device_mode, verdict=Verdict.passed,
-                                  judge_version=__version__, source_hash=req.source_hash)
+                                  judge_version=__version__, source_hash=req.source_hash,
+                                  metric=self.card.performance.metric)
         # the processes that will run candidate code, in the shape the task's language needs (none started yet)
         self.group: RankGroup = self._rank_group()
 

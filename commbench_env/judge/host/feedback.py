@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .result import JudgeResult, Mismatch
+    from .result import JudgeResult, Mismatch, SizeResult
 
 
 def _mismatch_line(m: "Mismatch") -> str:
@@ -57,6 +57,13 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
     lines = [f"[{r.mode}] verdict: {r.verdict.value} - {r.summary}"]
     if r.compile and r.compile.log and (not r.compile.ok or r.verdict.value in ("compile_error", "forbidden")):
         lines += ["", "compile log:", r.compile.log.strip()]
+    elif r.compile and r.compile.ok:
+        resources = [ln.strip() for ln in r.compile.log.splitlines()
+                     if ln.strip().startswith("ptxas info") or "bytes stack frame" in ln]
+        if resources:
+            lines += ["", "ptxas (per kernel: registers, spills, shared and constant memory):"]
+            lines += ["  " + ln for ln in resources[:16]] + ([f"  [... {len(resources) - 16} more lines]"]
+                                                              if len(resources) > 16 else [])
     if r.cases:
         lines += ["", "cases:"]
         for c in r.cases:
@@ -72,10 +79,17 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
         lines += ["", f"world sizes judged: {r.world_size} (this episode's)"
                   + "".join(f"; {w.world}: {w.verdict.value}, {w.passed} of {w.total} cases passed" for w in r.worlds)
                   + " (the cases of other worlds are listed as hidden)"]
-    if r.benchmark:
+    if r.benchmark and r.metric == "latency":
+        lines += ["", "benchmark (latency: time of one call, mean over iterations, max over ranks):",
+                  f"  {'size':>12} {'latency_us':>11} {'median_us':>10} {'min_us':>9}  ok"]
+        for s in r.benchmark:
+            ok = "yes" if s.verified else ("NO: " + _mismatch_line(s.mismatch) if s.mismatch else "NO")
+            lines.append(f"  {s.size_bytes:>12} {s.time_us:>11.2f} {s.time_us_median:>10.2f} {s.time_us_min:>9.2f}"
+                         f"  {ok}")
+    elif r.benchmark:
         flops = any(s.tflops for s in r.benchmark)
         roof = any(s.roofline_pct is not None for s in r.benchmark)
-        lines += ["", "benchmark (time = mean over iterations, max over ranks):",
+        lines += ["", f"benchmark ({r.metric} is scored; time = mean over iterations, max over ranks):",
                   f"  {'size':>12} {'time_us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}"
                   + (f" {'TFLOP/s':>9}" if flops else "") + (f" {'roofline':>8}" if roof else "") + "  ok"]
         for s in r.benchmark:
@@ -83,6 +97,7 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
             pct = f"{s.roofline_pct:.0f}%" if s.roofline_pct is not None else "-"
             lines.append(f"  {s.size_bytes:>12} {s.time_us:>10.1f} {s.algbw_gbps:>11.3f} {s.busbw_gbps:>11.3f}"
                          + (f" {s.tflops:>9.4f}" if flops else "") + (f" {pct:>8}" if roof else "") + f"  {ok}")
+    if r.benchmark:
         extended = [s for s in r.benchmark if s.extended_calls]
         if extended:
             lines.append("  the device still had work after the stream the judge times (`stream` in CUDA tasks, the "
@@ -90,7 +105,7 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
                          + ", ".join(f"{s.extended_calls} calls at {s.size_bytes} B" for s in extended)
                          + ": the clock ran on to a device-wide sync (join side streams back to `stream`; wait() "
                            "on async work before returning)")
-        if r.roofline:
+        if r.roofline and r.metric != "latency":
             lines.append(f"  roofline: {r.roofline.name}, {r.roofline.per_rank_gbps:.0f} GB/s per rank"
                          + (" (emulated: all ranks share one GPU, nothing crosses NVLink)" if r.roofline.emulated else ""))
             less = [s.roofline_gbps for s in r.benchmark if s.roofline_gbps and s.roofline_gbps < r.roofline.per_rank_gbps]
@@ -147,3 +162,22 @@ def _indent(text: str, n: int, max_lines: int = 30) -> str:
     if len(ls) > max_lines:
         ls = ls[:5] + [f"[... {len(ls) - max_lines} lines ...]"] + ls[-(max_lines - 6):]
     return "\n".join(" " * n + line for line in ls)
+
+
+def render_targets(candidate: list[SizeResult], reference: list[SizeResult], metric: str) -> str:
+    """Per benchmark size: the expert reference's time on this hardware next to yours (what the speed part of the
+    reward compares; the median iteration on CPUs, the mean on GPUs) and, where measured, its share of the
+    roofline."""
+    ref = {s.size_bytes: s for s in reference}
+    rows = [(c, ref[c.size_bytes]) for c in candidate if c.size_bytes in ref]
+    if not rows:
+        return ""
+    roof = any(r.roofline_pct is not None for _, r in rows)
+    lines = ["", f"target: the expert reference on this hardware ({metric} is scored; speedup = reference time / yours):",
+             f"  {'size':>12} {'yours_us':>10} {'reference_us':>13} {'speedup':>8}" + (f" {'ref roofline':>13}" if roof else "")]
+    for c, r in rows:
+        yours, theirs = c.time_us_scored or c.time_us_median, r.time_us_scored or r.time_us_median
+        speed = f"{theirs / yours:.2f}x" if yours > 0 else "-"
+        pct = f"{r.roofline_pct:.0f}%" if r.roofline_pct is not None else "-"
+        lines.append(f"  {c.size_bytes:>12} {yours:>10.1f} {theirs:>13.1f} {speed:>8}" + (f" {pct:>13}" if roof else ""))
+    return "\n" + "\n".join(lines)

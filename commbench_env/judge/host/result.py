@@ -199,6 +199,8 @@ class JudgeResult(StrictModel):
     device_mode: str
     verdict: Verdict
     summary: str = ""
+    metric: Literal["busbw", "algbw", "latency", "tflops"] = Field(
+        default="busbw", description="what the card's speed is judged on (its performance.metric)")
     compile: CompileReport | None = None
     cases: list[CaseResult] = Field(default_factory=list)
     benchmark: list[SizeResult] = Field(default_factory=list)
