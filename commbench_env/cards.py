@@ -199,7 +199,14 @@ class CudaSpec(StrictModel):
 
 class LimitsSpec(StrictModel):
     timeout_s: float = Field(default=60.0, gt=0, description="wall-clock limit of one whole evaluation")
+    case_timeout_s: float | None = Field(default=None, gt=0, description="limit of one correctness case (a "
+                                         "deadlock costs this, not the whole limit); default a quarter of "
+                                         "timeout_s, at least 10 s")
     memory_mb: int | None = Field(default=None, description="address-space limit per rank; profile default if unset")
+
+    @property
+    def case_limit_s(self) -> float:
+        return self.case_timeout_s or max(10.0, self.timeout_s / 4)
 
 
 class TaskCard(StrictModel):

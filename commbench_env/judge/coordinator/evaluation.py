@@ -173,7 +173,8 @@ class Evaluation:
         seeds = [self.seed("case", case.name, r) for r in range(self.world)]
         inputs = [self.op.make_inputs(case, r, self.world, seeds[r]) for r in range(self.world)]  # made once here
         t0 = time.monotonic()
-        handed = self.group.check_call(case, seeds, inputs)
+        with self.group.links.per_case(self.card.limits.case_limit_s):
+            handed = self.group.check_call(case, seeds, inputs)
         t1 = time.monotonic()
         changed = self.inputs_changed(case, inputs, [h[1] for h in handed])
         mm = None if changed else self.op.verify(case, self.world, inputs, [h[0] for h in handed], self.tolerance(case))

@@ -12,13 +12,16 @@ import selectors
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...paths import PACKAGE_DIR
 from ..host.result import RankStatus, Verdict, Violation
 from ..protocol import ProtocolError, Reader, decode_tensors, pack, split_inputs
+from .stacks import candidate_stack
 
 Message = tuple[dict, bytes]
 
@@ -55,9 +58,20 @@ class Links:
     """The channels to one evaluation's candidate processes (a rank each, or the one device host), under one
     deadline."""
 
-    def __init__(self, deadline: float, timeout_s: float, workdir: Path):
+    def __init__(self, deadline: float, timeout_s: float, workdir: Path, entry_file: str = ""):
         self.deadline, self.timeout_s, self.workdir = deadline, timeout_s, workdir
+        self.entry_file = entry_file
         self.procs: list[RankProc] = []
+        self.case_limit: tuple[float, float] | None = None  # (deadline, seconds) of the case being run
+
+    @contextmanager
+    def per_case(self, seconds: float) -> Iterator[None]:
+        """A case's own limit inside the evaluation's: a deadlock costs `seconds`, not the whole time limit."""
+        self.case_limit = (time.monotonic() + seconds, seconds)
+        try:
+            yield
+        finally:
+            self.case_limit = None
 
     def add(self, rank: int, pid: int, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -123,7 +137,8 @@ class Links:
                         msg = self.pop(r, case)
                 if not pending:
                     break
-                left = self.deadline - time.monotonic()
+                deadline = self.deadline if self.case_limit is None else min(self.deadline, self.case_limit[0])
+                left = deadline - time.monotonic()
                 if left <= 0:
                     self.hang(sorted(pending), case)
                 for key, _ in sel.select(timeout=min(left, 1.0)):
@@ -232,8 +247,12 @@ class Links:
             except ProcessLookupError:
                 pass
         time.sleep(0.3)
-        raise RankFailure(Verdict.timeout, f"time limit of {self.timeout_s:g}s reached; rank(s) "
-                          f"{', '.join(map(str, pending))} did not finish" + (f" case {case}" if case else ""), case)
+        if self.case_limit is not None and self.case_limit[0] < self.deadline:
+            what = f"a case's time limit of {self.case_limit[1]:g}s"
+        else:
+            what = f"the time limit of {self.timeout_s:g}s"
+        raise RankFailure(Verdict.timeout, f"{what} reached; rank(s) {', '.join(map(str, pending))} did not finish"
+                          + (f" case {case}" if case else "") + " (a deadlock? see each rank's stack)", case)
 
     def shutdown(self) -> None:
         """Ask every live process to exit, then kill what is left (and anything left in its session)."""
@@ -271,6 +290,16 @@ class Links:
                     pass
             rp.sock.close()
 
+    def _stack(self, path: Path, limit: int) -> str:
+        dump = _tail(path, 1 << 16)
+        if not self.entry_file:
+            return dump[-limit:]
+        try:
+            source = (self.workdir / "candidate" / self.entry_file).read_text(errors="replace")
+        except OSError:
+            source = ""
+        return candidate_stack(dump, self.entry_file, str(PACKAGE_DIR), source)[-limit:]
+
     def statuses(self, passed: bool, limit: int) -> tuple[list[RankStatus], list[Violation]]:
         """Each process's end state and output tails, and the rules it reported broken."""
         statuses, violations = [], []
@@ -282,7 +311,7 @@ class Links:
             statuses.append(RankStatus(
                 rank=rp.rank, state=state, exit_code=rp.exit_code, signal=rp.signal,
                 stdout=_tail(rdir / "stdout.txt", limit), stderr=_tail(rdir / "stderr.txt", limit),
-                stack=_tail(rdir / "stack.txt", limit) if rp.state == "hung" else None))
+                stack=self._stack(rdir / "stack.txt", limit) if rp.state == "hung" else None))
             for v in rp.violations:
                 vv = Violation(rank=rp.rank, **{k: v[k] for k in ("rule", "detail", "where") if k in v})
                 if vv not in violations:

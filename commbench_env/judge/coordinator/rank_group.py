@@ -46,7 +46,7 @@ class RankGroup(ABC):
 
     def __init__(self, ev: "Evaluation"):
         self.ev = ev
-        self.links = Links(ev.deadline, ev.timeout_s, ev.workdir)
+        self.links = Links(ev.deadline, ev.timeout_s, ev.workdir, ev.card.entry.file)
 
     @abstractmethod
     def start(self) -> dict[int, Message]:
