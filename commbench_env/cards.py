@@ -99,6 +99,16 @@ class CaseSpec(StrictModel):
     shape: list[int] = Field(default_factory=list)
     dtype: str = "float32"
     params: dict[str, Any] = Field(default_factory=dict)
+    int_range: list[int] | None = Field(default=None, description="[low, high) of integer inputs where the op draws "
+                                        "them at random (default [-8, 8)): a wide range stresses exact integer "
+                                        "arithmetic, e.g. sums that float32 would round")
+
+    @field_validator("int_range")
+    @classmethod
+    def _int_range(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 2 or v[0] >= v[1]):
+            raise ValueError(f"int_range {v} must be [low, high] with low < high")
+        return v
 
     @field_validator("dtype")
     @classmethod
@@ -115,7 +125,8 @@ class CaseSpec(StrictModel):
         return v
 
     def signature(self) -> tuple:
-        return (tuple(self.shape), self.dtype, tuple(sorted((k, repr(v)) for k, v in self.params.items())))
+        return (tuple(self.shape), self.dtype, tuple(sorted((k, repr(v)) for k, v in self.params.items())),
+                tuple(self.int_range or ()))
 
 
 class Tolerance(StrictModel):

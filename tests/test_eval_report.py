@@ -97,10 +97,10 @@ def test_pass_at_k_matches_the_formula():
     assert pass_at_k(4, 1, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(4, 2))
 
 
-def _fake_trace(path, task, category, rewards_parts, agent="m", meta=None):
+def _fake_trace(path, task, category, rewards_parts, agent="m", meta=None, hints=False):
     """A trace written with the real records, with a chosen outcome (what a run of a model would have written)."""
     w = TraceWriter(path)
-    w.write(EpisodeStart(task_id=task, task_hash="h", agent={"name": agent},
+    w.write(EpisodeStart(task_id=task, task_hash="h", agent={"name": agent}, config={"hints": hints},
                          task_card={"category": category, "difficulty": "medium", "language": "torch"}))
     turns = len(rewards_parts)
     for i, (verdict, parts) in enumerate(rewards_parts, 1):
@@ -113,6 +113,17 @@ def _fake_trace(path, task, category, rewards_parts, agent="m", meta=None):
                           meta=TurnMeta(**(meta or {}))))
     w.write(EpisodeEnd(reward=rewards_parts[-1][1].get("reward", 0.0), turns=turns))
     w.close()
+
+
+def test_the_report_says_which_runs_saw_hints(tmp_path):
+    ok = {"reward": 1.0, "correct": True, "speedup": 1.0, "band": "on_par"}
+    _fake_trace(tmp_path / "with" / "traces" / "a.jsonl", "p2p/x", "p2p", [("pass", ok)], hints=True)
+    _fake_trace(tmp_path / "mixed" / "traces" / "a.jsonl", "p2p/x", "p2p", [("pass", ok)], hints=True)
+    _fake_trace(tmp_path / "mixed" / "traces" / "b.jsonl", "p2p/y", "p2p", [("pass", ok)])
+    _fake_trace(tmp_path / "without" / "traces" / "a.jsonl", "p2p/x", "p2p", [("pass", ok)])
+    ms, md, _ = build_report([tmp_path / "with", tmp_path / "mixed", tmp_path / "without"], tmp_path / "out")
+    assert [m.hints for m in ms] == ["yes", "mixed", "no"]
+    assert "| with | m | yes |" in md.read_text()
 
 
 def test_report_matches_a_hand_calculation(tmp_path):
@@ -143,7 +154,7 @@ def test_report_matches_a_hand_calculation(tmp_path):
     assert m.by["category"]["p2p"]["pass_rate"] == pytest.approx(0.5)
     assert mb.agent == "n" and mb.pass_rate == 1.0
     text = md.read_text()
-    assert "| runA | m | 4 | 2 | 0.688 | 0.750 | 0.500 |" in text and "runB" in text
+    assert "| runA | m | no | 4 | 2 | 0.688 | 0.750 | 0.500 |" in text and "runB" in text
     assert all(p.is_file() and p.stat().st_size > 1000 for p in pngs)
 
 

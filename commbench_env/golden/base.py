@@ -49,6 +49,11 @@ def generator(seed: int) -> torch.Generator:
 RAND_CHUNK = 1 << 20  # elements: larger tensors are made in chunks of this size, each from its own generator
 
 
+def int_range(case: "CaseSpec") -> dict[str, int]:
+    """The case's integer range as rand()'s low/high (empty: rand's default)."""
+    return {"low": case.int_range[0], "high": case.int_range[1]} if case.int_range else {}
+
+
 def rand(shape, dtype: str | torch.dtype, gen: torch.Generator, *, low: int = -8, high: int = 8) -> torch.Tensor:
     """Random data that is deterministic for a seed. Floats are N(0,1); integers uniform in [low, high).
 

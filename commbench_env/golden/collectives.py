@@ -7,7 +7,7 @@ import math
 import torch
 
 from . import register
-from .base import GoldenOp, expect_tensor, generator, narrow, rand, to_dtype, wide
+from .base import GoldenOp, expect_tensor, generator, int_range, narrow, rand, to_dtype, wide
 
 
 def _elem(dtype: str) -> int:
@@ -39,7 +39,7 @@ class AllReduceSum(GoldenOp):
             raise ValueError("shape must have at least one dimension")
 
     def make_inputs(self, case, rank, world, seed):
-        return {"x": rand(case.shape, case.dtype, generator(seed))}
+        return {"x": rand(case.shape, case.dtype, generator(seed), **int_range(case))}
 
     def call(self, fns, inputs, case, rank, world):
         return {"y": expect_tensor(fns["all_reduce"](inputs["x"]), "all_reduce's return value")}
@@ -84,7 +84,7 @@ class AllGatherCat(GoldenOp):
         _need_dim(case)
 
     def make_inputs(self, case, rank, world, seed):
-        return {"x": rand(case.shape, case.dtype, generator(seed))}
+        return {"x": rand(case.shape, case.dtype, generator(seed), **int_range(case))}
 
     def call(self, fns, inputs, case, rank, world):
         return {"y": expect_tensor(fns["all_gather"](inputs["x"]), "all_gather's return value")}
@@ -117,7 +117,7 @@ class ReduceScatterSum(GoldenOp):
         _need_dim(case)
 
     def make_inputs(self, case, rank, world, seed):
-        return {"x": rand(_blocks_shape(case, world), case.dtype, generator(seed))}
+        return {"x": rand(_blocks_shape(case, world), case.dtype, generator(seed), **int_range(case))}
 
     def call(self, fns, inputs, case, rank, world):
         return {"y": expect_tensor(fns["reduce_scatter"](inputs["x"]), "reduce_scatter's return value")}
@@ -171,7 +171,7 @@ class Broadcast(GoldenOp):
 
     def make_inputs(self, case, rank, world, seed):
         if rank == self.root(case, world):
-            return {"x": rand(case.shape, case.dtype, generator(seed))}
+            return {"x": rand(case.shape, case.dtype, generator(seed), **int_range(case))}
         dt = to_dtype(case.dtype)
         fill = float("nan") if dt.is_floating_point else 0
         return {"x": torch.full([int(s) for s in case.shape], fill, dtype=dt)}
@@ -201,7 +201,7 @@ class AllToAll(GoldenOp):
         _need_dim(case)
 
     def make_inputs(self, case, rank, world, seed):
-        return {"x": rand(_blocks_shape(case, world), case.dtype, generator(seed))}
+        return {"x": rand(_blocks_shape(case, world), case.dtype, generator(seed), **int_range(case))}
 
     def call(self, fns, inputs, case, rank, world):
         return {"y": expect_tensor(fns["all_to_all"](inputs["x"]), "all_to_all's return value")}

@@ -37,6 +37,7 @@ class Episode:
     tokens_in: int
     tokens_out: int
     cost_usd: float
+    hints: bool = False  # the agent saw the tasks' design hints (EpisodeConfig.hints)
 
 
 def episode_of(trace: Trace, run: str) -> Episode:
@@ -51,7 +52,8 @@ def episode_of(trace: Trace, run: str) -> Episode:
                    correct=bool(last and last.correct), band=last.band if last else None,
                    speedup=last.speedup if last else None, turns=end.turns if end else len(steps),
                    first_pass_turn=first_pass, tokens_in=sum(m.tokens_in for m in trace.meta),
-                   tokens_out=sum(m.tokens_out for m in trace.meta), cost_usd=sum(m.cost_usd for m in trace.meta))
+                   tokens_out=sum(m.tokens_out for m in trace.meta), cost_usd=sum(m.cost_usd for m in trace.meta),
+                   hints=bool(s.config.get("hints", False)))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -78,6 +80,7 @@ class RunMetrics:
     cost_per_episode: float = 0.0
     by: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     unscored: dict[str, int] = field(default_factory=dict)  # episodes that never finished, by why (never scored)
+    hints: str = "no"  # whether the agent saw design hints: "no", "yes" or "mixed" (not comparable with "no")
 
 
 def metrics(episodes: list[Episode], run: str) -> RunMetrics:
@@ -108,7 +111,8 @@ def metrics(episodes: list[Episode], run: str) -> RunMetrics:
                  for k in range(1, n_min + 1)},
         turns_to_first_pass=mean(firsts) if firsts else None,
         tokens_per_episode=mean(e.tokens_in + e.tokens_out for e in episodes),
-        cost_per_episode=mean(e.cost_usd for e in episodes), by=by)
+        cost_per_episode=mean(e.cost_usd for e in episodes), by=by,
+        hints="yes" if all(e.hints for e in episodes) else "mixed" if any(e.hints for e in episodes) else "no")
 
 
 def load_runs(dirs: list[Path]) -> dict[str, list[Episode]]:
@@ -123,11 +127,11 @@ def load_runs(dirs: list[Path]) -> dict[str, list[Episode]]:
 
 def markdown(all_metrics: list[RunMetrics]) -> str:
     ks = sorted({k for m in all_metrics for k in m.pass_at})
-    head = ["run", "agent", "episodes", "tasks", "mean reward", "pass rate", "PASS+Good", "GM speedup", "Pass x GM",
+    head = ["run", "agent", "hints", "episodes", "tasks", "mean reward", "pass rate", "PASS+Good", "GM speedup", "Pass x GM",
             *[f"pass@{k}" for k in ks], "turns to first pass", "tokens / episode", "cost / episode (USD)"]
     lines = ["# CommBench-Env report", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in all_metrics:
-        row = [m.run, m.agent, str(m.episodes), str(m.tasks), f"{m.mean_reward:.3f}", f"{m.pass_rate:.3f}",
+        row = [m.run, m.agent, m.hints, str(m.episodes), str(m.tasks), f"{m.mean_reward:.3f}", f"{m.pass_rate:.3f}",
                f"{m.pass_good:.3f}", f"{m.gm_speedup:.3f}", f"{m.pass_x_gm:.3f}",
                *[f"{m.pass_at[k]:.3f}" if k in m.pass_at else "-" for k in ks],
                "-" if m.turns_to_first_pass is None else f"{m.turns_to_first_pass:.2f}",
@@ -146,7 +150,8 @@ def markdown(all_metrics: list[RunMetrics]) -> str:
             cells = [f"{m.by[dim][g]['pass_rate']:.2f} / {m.by[dim][g]['mean_reward']:.2f}" if g in m.by.get(dim, {})
                      else "-" for g in groups]
             lines.append(f"| {m.run} | " + " | ".join(cells) + " |")
-    lines += ["", "Definitions: pass rate = mean over episodes of full correctness (all visible and hidden cases and "
+    lines += ["", "Definitions: hints = whether the agent saw the tasks' design hints (a run with hints is not "
+              "comparable with one without); pass rate = mean over episodes of full correctness (all visible and hidden cases and "
               "every timed output); PASS+Good = correct and within 5 % of the reference or faster; GM speedup = "
               "geometric mean of t_reference / t_candidate over passing episodes; Pass x GM = their product; "
               "pass@k = unbiased estimator over the samples of each task (Chen et al., 2021)."]
@@ -212,6 +217,6 @@ def build_report(dirs: list[Path], out: Path) -> tuple[list[RunMetrics], Path, l
 
 
 def as_rows(m: RunMetrics) -> dict[str, Any]:
-    return {"run": m.run, "agent": m.agent, "episodes": m.episodes, "mean_reward": m.mean_reward,
+    return {"run": m.run, "agent": m.agent, "hints": m.hints, "episodes": m.episodes, "mean_reward": m.mean_reward,
             "pass_rate": m.pass_rate, "pass_good": m.pass_good, "gm_speedup": m.gm_speedup, "pass_x_gm": m.pass_x_gm,
             **{f"pass@{k}": v for k, v in m.pass_at.items()}, "unscored": dict(m.unscored)}

@@ -7,9 +7,10 @@
 // It must enqueue its work on `stream` (or on streams that it joins back to `stream`) and return 0; any other
 // value is reported as an error. Streams it creates are blocking streams, whatever flags it asks for (the judge
 // links its own cudaStreamCreateWithFlags/WithPriority into the library; priorities are not kept), and the clock
-// stops when the work of every stream it used has finished. It must not allocate the buffers that are checked, synchronise the whole
-// device, or keep state between calls other than in the buffers below (the judge may run calls in any order,
-// fresh processes each evaluation). All ranks of an evaluation run in one process, each rank from its own host
+// stops when the work of every stream it used has finished. It cannot allocate device memory or synchronise the
+// device: the build's import check refuses cudaMalloc*, cudaFree, cudaDeviceSynchronize and the other blocking
+// calls. State kept between calls outside the buffers below is not reliable (the judge may run calls in any
+// order, in fresh processes each evaluation). All ranks of an evaluation run in one process, each rank from its own host
 // thread with its own stream; on several GPUs, rank r runs on GPU r with peer access enabled between them, so
 // the peer pointers below can be read and written directly from kernels.
 #pragma once
@@ -35,7 +36,9 @@ typedef struct cb_args {
   int64_t scratch_bytes;
   uint32_t* flags;       // this rank's signal words (device memory, zeroed once before the first call)
   int64_t flag_words;
-  uint32_t epoch;        // 1 on the first call, then 2, 3, ...: lets flag protocols work without resetting flags
+  uint32_t epoch;        // >= 1, the same on every rank of a call, one more than the previous call's: it keeps
+                        // counting across cases, while scratch and flags are zeroed afresh for each check
+                        // case and kept across the calls of a benchmark (flag protocols need no resets)
   int32_t reserved;
   // Peer pointers: entry p is rank p's buffer. A task may keep some buffers private (its rules say which):
   // then entry p of that array is NULL for every p != rank. Entry `rank` is always this rank's own buffer.
