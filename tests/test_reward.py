@@ -85,3 +85,26 @@ def test_a_bandwidth_far_above_the_roofline_is_refused():
     assert implausible_timing(5000.0, 4096, "NVLink") is None  # tiny sizes are latency, not bandwidth
     why = implausible_timing(5000.0, 64 << 20, "NVLink")
     assert why and "NVLink" in why and "cannot be right" in why
+
+
+def _with_roofline(res: JudgeResult, pcts: tuple[float, ...]) -> JudgeResult:
+    sizes = [s.model_copy(update={"roofline_pct": p, "roofline_gbps": 100.0}) for s, p in zip(res.benchmark, pcts)]
+    return res.model_copy(update={"benchmark": sizes})
+
+
+def test_speed_against_the_roofline_when_asked():
+    cfg = RewardConfig(speed_basis="roofline", roofline_target=0.8)
+    half = compute_reward(_with_roofline(result(), (40.0, 40.0)), REF, cfg)
+    assert half.roofline_share == pytest.approx(0.4) and half.perf_score == pytest.approx(0.5)
+    assert half.reward == pytest.approx(0.75) and half.speedup == pytest.approx(1.0)  # the reference, shown beside
+    full = compute_reward(_with_roofline(result(), (90.0, 85.0)), REF, cfg)
+    assert full.reward == 1.0
+    mixed = compute_reward(_with_roofline(result(), (25.0, 100.0)), None, cfg)
+    assert mixed.roofline_share == pytest.approx(0.5)  # geometric mean over the sizes
+    cpu = compute_reward(result(), REF, cfg)  # no roofline measured: correctness only, said so
+    assert cpu.reward == 0.5 and cpu.roofline_share is None and "no roofline" in cpu.note
+
+
+def test_the_roofline_share_is_reported_beside_the_speedup():
+    parts = compute_reward(_with_roofline(result(), (50.0, 50.0)), REF)
+    assert parts.speedup == pytest.approx(1.0) and parts.roofline_share == pytest.approx(0.5)

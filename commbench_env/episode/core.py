@@ -449,7 +449,9 @@ class Episode:
                     if result.benchmark and (terminated or mode == "benchmark"):
                         self.feedback += self._targets(judge, result)
                     if terminated:
-                        self.feedback += f"\n\nSubmitted. Reward {final:.3f}" + (f" ({parts.note})" if parts.note else "")
+                        self.feedback += (f"\n\nSubmitted. Reward {final:.3f}" + (f" ({parts.note})" if parts.note else "")
+                                          + (f"; {parts.roofline_share:.0%} of the roofline (speed of light)"
+                                             if parts.roofline_share is not None else ""))
                 truncated = not terminated and truncated_now
                 if truncated and self.config.submit_on_truncation and self.last_files:
                     result = self._evaluate(judge, self.last_files, "full")

@@ -34,6 +34,12 @@ class RewardConfig(StrictModel):
     better_above: float = Field(default=0.05, description="relative gain over the reference counted as 'better'")
     on_par_within: float = Field(default=0.05, description="|relative change| counted as 'on_par'")
     severe_below: float = Field(default=-0.40, description="relative change below which it is 'severely_degraded'")
+    speed_basis: Literal["reference", "roofline"] = Field(
+        default="reference", description="what the speed part measures against: the expert reference on the same "
+        "hardware (t_reference / t_candidate), or the speed of light: the share of the roofline the candidate "
+        "reaches (where the judge measured one, i.e. on GPUs); perf = min(1, share / roofline_target)")
+    roofline_target: float = Field(default=0.8, gt=0, le=1, description="speed_basis roofline: the share of the "
+                                   "roofline that earns the whole speed part")
 
 
 class SizeComparison(StrictModel):
@@ -52,6 +58,8 @@ class RewardBreakdown(StrictModel):
     perf_score: float | None = None
     band: Band | None = None
     sizes: list[SizeComparison] = Field(default_factory=list)
+    roofline_share: float | None = Field(default=None, description="geometric mean over the benchmark sizes of the "
+                                         "share of the roofline reached (speed of light = 1), where measured")
     note: str = ""
 
 
@@ -96,13 +104,32 @@ def compute_reward(result: JudgeResult, reference: list[SizeResult] | None, cfg:
         return RewardBreakdown(reward=min(shaped, cfg.correctness_weight), correct=False, compiled=compiled,
                                case_fraction=result.case_fraction, note=f"not correct ({result.verdict.value})")
     speedup, rows = speedup_vs_reference(result.benchmark, reference or [])
+    share = roofline_share(result.benchmark)
+    if cfg.speed_basis == "roofline":
+        if share is None:
+            return RewardBreakdown(reward=cfg.correctness_weight, correct=True, compiled=True, case_fraction=1.0,
+                                   speedup=speedup, band=band_of(speedup, cfg) if speedup else None, sizes=rows,
+                                   note="correct; no roofline was measured here (CPU), so no speed part")
+        perf = min(1.0, share / cfg.roofline_target)
+        return RewardBreakdown(reward=cfg.correctness_weight + (1 - cfg.correctness_weight) * perf, correct=True,
+                               compiled=True, case_fraction=1.0, speedup=speedup, perf_score=perf,
+                               band=band_of(speedup, cfg) if speedup else None, sizes=rows, roofline_share=share)
     if speedup is None:
         return RewardBreakdown(reward=cfg.correctness_weight, correct=True, compiled=True, case_fraction=1.0,
-                               note="correct; no reference figures to compare speed with")
+                               roofline_share=share, note="correct; no reference figures to compare speed with")
     perf = min(1.0, max(0.0, 1.0 + math.log(speedup) / math.log(cfg.speed_floor)))
     return RewardBreakdown(reward=cfg.correctness_weight + (1 - cfg.correctness_weight) * perf, correct=True,
                            compiled=True, case_fraction=1.0, speedup=speedup, perf_score=perf,
-                           band=band_of(speedup, cfg), sizes=rows)
+                           band=band_of(speedup, cfg), sizes=rows, roofline_share=share)
+
+
+def roofline_share(sizes: list[SizeResult]) -> float | None:
+    """Geometric mean of the share of the roofline each size reached (roofline_pct / 100), None where the judge
+    measured no roofline (CPU runs, latency metrics)."""
+    shares = [s.roofline_pct / 100 for s in sizes if s.roofline_pct is not None and s.roofline_pct > 0]
+    if not shares or len(shares) != len(sizes):
+        return None
+    return math.exp(sum(math.log(x) for x in shares) / len(shares))
 
 
 # -- per-turn schedules ---------------------------------------------------------------------------------------
