@@ -86,8 +86,10 @@ def judge_cmd(task: str = typer.Argument(..., help="task id"),
               mode: str = typer.Option("check", help="compile | check | benchmark | profile | full | sanitize"),
               world: Optional[int] = typer.Option(None, help="world size (default: the card's)"),
               sandbox: str = typer.Option("local-cpu", help="sandbox profile"),
-              as_json: bool = typer.Option(False, "--json", help="print the whole JudgeResult as JSON")) -> None:
-    """Judge one file once and print the feedback (or the JudgeResult)."""
+              worlds: int = typer.Option(2, help="world sizes a passing check is judged at, as in an episode"),
+              as_json: bool = typer.Option(False, "--json", help="print the whole JudgeResult as JSON (hidden cases "
+                                           "included: the host's view, not the agent's)")) -> None:
+    """Judge one file once and print the agent's feedback (or the whole JudgeResult)."""
     from .cards import load_task
     from .judge.host.client import JudgeClient
     from .judge.host.result import MODES
@@ -106,7 +108,7 @@ def judge_cmd(task: str = typer.Argument(..., help="task id"),
             device_mode = modes[0] if mode == "compile" and sb.profile.device_mode not in modes else None
             try:
                 res = client.evaluate(t, {t.card.entry.file: source}, mode, w,  # type: ignore[arg-type]
-                                      device_mode=device_mode)
+                                      device_mode=device_mode, worlds=worlds)
             finally:
                 client.close()
     except (CommBenchError, OSError) as exc:
