@@ -5,5 +5,5 @@ import torch.distributed as dist
 def all_to_all(x: torch.Tensor) -> torch.Tensor:
     """x has world_size blocks of m rows (block j is for rank j); return block `rank` of every rank, in rank order."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    # TODO: copy your own block, then world - 1 pairwise steps: send to (rank + s) % world, receive from (rank - s) % world
+    # TODO: implement
     raise NotImplementedError

@@ -3,7 +3,7 @@ import torch.distributed as dist
 
 
 def broadcast(x: torch.Tensor, root: int) -> torch.Tensor:
-    """Return the root's x on every rank (x is only a placeholder off the root), along a binomial tree."""
+    """Return the root's x on every rank (x is only a placeholder off the root)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    # TODO: relative rank v = (rank - root) % world; receive from your parent, then send to your children
+    # TODO: implement
     raise NotImplementedError

@@ -6,5 +6,5 @@ def rebalance(weights: torch.Tensor, old_placement: torch.Tensor, new_placement:
     """weights[j] belongs to expert old_placement[rank, j]. Return a tensor like `weights` whose slot j holds
     the weights of expert new_placement[rank, j], fetching them point to point from the ranks that hold them."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    # TODO: work out what goes to / comes from each peer, post all isend/irecv, copy local moves
+    # TODO: implement
     raise NotImplementedError

@@ -11,5 +11,5 @@ def moe_forward(tokens: torch.Tensor, expert_ids: torch.Tensor,
     output for a row depends on that row's exact bits), bring the results back and return them as a [T, d]
     tensor in the original token order."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    # TODO: exchange counts, dispatch with an uneven all-to-all, run the local experts, combine, un-permute
+    # TODO: implement
     raise NotImplementedError

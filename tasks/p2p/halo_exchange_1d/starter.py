@@ -5,5 +5,5 @@ import torch.distributed as dist
 def halo_exchange(local: torch.Tensor, halo: int) -> torch.Tensor:
     """Return [left neighbour's last `halo` cells, local, right neighbour's first `halo` cells] (periodic ring)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    # TODO: send local's edges to both neighbours, receive theirs into the two halo regions
+    # TODO: implement
     raise NotImplementedError
