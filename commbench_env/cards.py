@@ -329,7 +329,22 @@ class Task:
         lines += ["", "## Rules"]
         lines.append(f"- Write the file `{c.entry.file}` defining: {', '.join(c.entry.functions)}.")
         if c.rules.forbidden_apis:
-            lines.append(f"- Forbidden: {', '.join(c.rules.forbidden_apis)} (checked statically and at run time).")
+            from .judge.rules import PRESETS
+
+            package_leaves = {"nn", "tensor", "device_mesh", "fsdp", "algorithms", "pipelining"}
+
+            named = []
+            for name in c.rules.forbidden_apis:
+                if name in PRESETS:  # say what a preset stands for: an agent cannot know what '@p2p' covers
+                    funcs = [x for x in PRESETS[name] if x.count(".") == 2 and x.startswith("torch.distributed.")
+                             and x.rsplit(".", 1)[1] not in package_leaves]
+                    packages = [x for x in PRESETS[name] if x not in funcs]
+                    text = "torch.distributed." + "/".join(f.rsplit(".", 1)[1] for f in funcs)
+                    named.append(f"{name} ({text}" + (f", and anything in {', '.join(packages)}" if packages else "")
+                                 + ")")
+                else:
+                    named.append(name)
+            lines.append(f"- Forbidden: {'; '.join(named)} (checked statically and at run time).")
         if c.language == Language.cuda:
             links = ", ".join(c.cuda.links) if c.cuda and c.cuda.links else "none beyond the CUDA runtime"
             lines.append("- Include \"commbench.h\" and declare each entry point as "

@@ -116,3 +116,15 @@ def test_gpu_modes_time_with_nccl_tests_iteration_counts():
         assert (gpu.warmup, gpu.iters) == (5, 20)  # nccl-tests' -w 5 -n 20
     custom = PerformanceSpec(sizes=[1024], gpu_warmup=0, gpu_iters=3).for_device("cuda")
     assert (custom.warmup, custom.iters) == (0, 3)
+
+
+def test_the_statement_says_what_a_forbidden_preset_covers():
+    from commbench_env.cards import load_task
+
+    text = load_task("ep/expert_rebalance").agent_view()
+    line = next(ln for ln in text.splitlines() if ln.startswith("- Forbidden:"))
+    assert "@collectives (torch.distributed.all_reduce/" in line and "all_to_all_single" in line
+    assert "anything in torch.distributed.nn" in line
+    assert "Tolerance:" in text and "Integer and bool outputs must be exact" in text
+    hinted = load_task("ep/expert_rebalance").agent_view(hints=True)
+    assert "## Hints" in hinted and "## Hints" not in text
