@@ -385,6 +385,10 @@ class Task:
         p = c.performance
         lines += ["", "## Performance",
                   f"- metric: {p.metric}; sizes (bytes): {', '.join(_fmt_bytes(s) for s in p.sizes)}; dtype {p.dtype}."]
+        if p.metric in ("busbw", "algbw"):
+            lines.append("- algbw = size / time and busbw = algbw x the operation's bus factor, as nccl-tests defines "
+                         "them (2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for "
+                         "broadcast and point-to-point; n = world size).")
         if p.gpu_sizes:
             lines.append(f"- on GPUs the sizes are {', '.join(_fmt_bytes(s) for s in p.gpu_sizes)}.")
         if c.language == Language.cuda:

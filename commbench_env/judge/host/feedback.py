@@ -80,7 +80,8 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
                   + "".join(f"; {w.world}: {w.verdict.value}, {w.passed} of {w.total} cases passed" for w in r.worlds)
                   + " (the cases of other worlds are listed as hidden)"]
     if r.benchmark and r.metric == "latency":
-        lines += ["", "benchmark (latency: time of one call, mean over iterations, max over ranks):",
+        lines += ["", "benchmark (latency: time of one call, max over ranks; the reward compares the median "
+                  "iteration on CPUs, the mean on GPUs):",
                   f"  {'size':>12} {'latency_us':>11} {'median_us':>10} {'min_us':>9}  ok"]
         for s in r.benchmark:
             ok = "yes" if s.verified else ("NO: " + _mismatch_line(s.mismatch) if s.mismatch else "NO")
@@ -89,7 +90,8 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
     elif r.benchmark:
         flops = any(s.tflops for s in r.benchmark)
         roof = any(s.roofline_pct is not None for s in r.benchmark)
-        lines += ["", f"benchmark ({r.metric} is scored; time = mean over iterations, max over ranks):",
+        lines += ["", f"benchmark ({r.metric} is scored; time_us = mean over iterations as nccl-tests reports it, "
+                  "max over ranks; the reward compares the median iteration on CPUs, the mean on GPUs):",
                   f"  {'size':>12} {'time_us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}"
                   + (f" {'TFLOP/s':>9}" if flops else "") + (f" {'roofline':>8}" if roof else "") + "  ok"]
         for s in r.benchmark:
