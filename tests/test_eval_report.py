@@ -213,8 +213,10 @@ def test_ctrl_c_stops_eval_within_seconds_and_the_rerun_counts_each_episode_once
            "--world", "2", "--out", str(tmp_path / "run")]
     repo = Path(__file__).resolve().parent.parent  # the agent's class is imported from tests/
     out = tmp_path / "run"
+    # as from a terminal: a shell that starts this suite in the background (`.ci/run &`) leaves SIGINT ignored,
+    # which children inherit, and Python then installs no Ctrl-C handler at all
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         cwd=repo)
+                         cwd=repo, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     results = out / RESULTS
     _wait_for_lines(results, 1, 300)
     time.sleep(1.0)  # the second episode is playing now: its agent thinks 1.5 s before each of its three turns

@@ -80,7 +80,7 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
 def test_reference_full_mode_figures(evaluate, world):
     res = evaluate(TASK, mode="full", world=world)
     assert res.verdict == Verdict.passed, res.feedback()
-    assert res.correct and len(res.cases) == 5 and sum(not c.visible for c in res.cases) == 3
+    assert res.correct and len(res.cases) == 6 and sum(not c.visible for c in res.cases) == 4
     assert [s.size_bytes for s in res.benchmark] == [65536, 1048576, 8388608]
     for s in res.benchmark:
         assert s.verified and s.iters == 5 and len(s.per_rank_mean_us) == world
