@@ -122,7 +122,7 @@ def ray_runner() -> tuple[Callable[[str, list[str], int, int], Cell] | None, str
     try:
         import ray  # noqa: F401
 
-        from commbench_env import ray_backend
+        from commbench_env.run import ray_backend
     except ImportError:
         return None, "not installed"
     run = getattr(ray_backend, "run_episodes_ray", None)
