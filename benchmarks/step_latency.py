@@ -52,11 +52,12 @@ STANDALONE = textwrap.dedent('''
 ''')
 
 
-def bench_env(world: int, steps: int, console: Console) -> dict:
+def bench_env(world: int, steps: int, console: Console, check_worlds: int = 1) -> dict:
     task = load_task(TASK)
     tmp = tempfile.mkdtemp()
     t0 = time.perf_counter()
-    env = CommBenchEnv(task=TASK, world_size=world, max_turns=steps + 2, trace_dir=tmp, reference="none")
+    env = CommBenchEnv(task=TASK, world_size=world, max_turns=steps + 2, trace_dir=tmp, reference="none",
+                       check_worlds=check_worlds)
     obs, info = env.reset(seed=0)
     reset_s = time.perf_counter() - t0
     action = {"tool": "check", "source": task.reference_source()}
@@ -107,15 +108,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=9)
     ap.add_argument("--torchrun-runs", type=int, default=3)
     ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--check-worlds", type=int, default=1, help="world sizes each check judges (1: the same work as "
+                    "the torchrun script; episodes judge 2 by default, about twice the candidate run)")
     a = ap.parse_args()
     console = Console()
-    table = Table(title=f"env.step in check mode on {TASK} (medians, seconds)")
+    table = Table(title=f"env.step in check mode on {TASK}, {a.check_worlds} world size(s) judged per check "
+                        "(medians, seconds)")
     cols = ["world", "reset", "first step", "step", "exec+hand-off", "rank start", "rendezvous+load", "candidate run",
             "verification", "torchrun", "step / torchrun"]
     for c in cols:
         table.add_column(c, justify="right")
     for w in [int(x) for x in a.worlds.split(",")]:
-        m = bench_env(w, a.steps, console)
+        m = bench_env(w, a.steps, console, a.check_worlds)
         tr = bench_torchrun(w, a.torchrun_runs)
         ratio = f"{m['wall'] / tr:.3f}" if tr else "n/a"
         table.add_row(str(w), f"{m['reset']:.3f}", f"{m['first']:.3f}", f"{m['wall']:.3f}", f"{m['exec']:.3f}",
