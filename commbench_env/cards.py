@@ -329,16 +329,13 @@ class Task:
         lines += ["", "## Rules"]
         lines.append(f"- Write the file `{c.entry.file}` defining: {', '.join(c.entry.functions)}.")
         if c.rules.forbidden_apis:
-            from .judge.rules import PRESETS
-
-            package_leaves = {"nn", "tensor", "device_mesh", "fsdp", "algorithms", "pipelining"}
+            from .judge.rules import COLLECTIVE_PACKAGES, PRESETS
 
             named = []
             for name in c.rules.forbidden_apis:
                 if name in PRESETS:  # say what a preset stands for: an agent cannot know what '@p2p' covers
-                    funcs = [x for x in PRESETS[name] if x.count(".") == 2 and x.startswith("torch.distributed.")
-                             and x.rsplit(".", 1)[1] not in package_leaves]
-                    packages = [x for x in PRESETS[name] if x not in funcs]
+                    packages = [x for x in PRESETS[name] if x in COLLECTIVE_PACKAGES]
+                    funcs = [x for x in PRESETS[name] if x not in packages]
                     text = "torch.distributed." + "/".join(f.rsplit(".", 1)[1] for f in funcs)
                     named.append(f"{name} ({text}" + (f", and anything in {', '.join(packages)}" if packages else "")
                                  + ")")

@@ -47,7 +47,7 @@ _COLLECTIVE_FUNCS = (
     "all_reduce_coalesced", "barrier", "monitored_barrier", "all_gather_single", "reduce_scatter_single",
 )
 # Routes to the same collectives through other packages.
-_COLLECTIVE_PACKAGES = (
+COLLECTIVE_PACKAGES = (
     "torch.distributed.nn", "torch.distributed.tensor", "torch.distributed.device_mesh",
     "torch.distributed.fsdp", "torch.distributed.algorithms", "torch.nn.parallel", "torch.distributed.pipelining",
 )
@@ -65,7 +65,7 @@ PROCESS_GROUP_P2P = frozenset({"send", "recv", "recv_anysource"})
 AMBIGUOUS_METHODS = frozenset({"broadcast", "reduce", "gather", "scatter", "send", "recv"})
 
 PRESETS: dict[str, tuple[str, ...]] = {
-    "@collectives": tuple(f"torch.distributed.{f}" for f in _COLLECTIVE_FUNCS) + _COLLECTIVE_PACKAGES,
+    "@collectives": tuple(f"torch.distributed.{f}" for f in _COLLECTIVE_FUNCS) + COLLECTIVE_PACKAGES,
     "@p2p": ("torch.distributed.send", "torch.distributed.recv", "torch.distributed.isend",
              "torch.distributed.irecv", "torch.distributed.batch_isend_irecv", "torch.distributed.P2POp",
              "torch.distributed.send_object_list", "torch.distributed.recv_object_list"),

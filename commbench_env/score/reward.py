@@ -64,8 +64,8 @@ class RewardBreakdown(StrictModel):
 
 
 def scored(s: SizeResult) -> float:
-    """The time a size is scored on (SizeResult.time_us_scored; the median in older results)."""
-    return s.time_us_scored or s.time_us_median
+    """The time a size is scored on (SizeResult.scored_us)."""
+    return s.scored_us
 
 
 def speedup_vs_reference(candidate: list[SizeResult], reference: list[SizeResult]) -> tuple[float | None, list[SizeComparison]]:

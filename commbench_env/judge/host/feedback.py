@@ -178,7 +178,7 @@ def render_targets(candidate: list[SizeResult], reference: list[SizeResult], met
     lines = ["", f"target: the expert reference on this hardware ({metric} is scored; speedup = reference time / yours):",
              f"  {'size':>12} {'yours_us':>10} {'reference_us':>13} {'speedup':>8}" + (f" {'ref roofline':>13}" if roof else "")]
     for c, r in rows:
-        yours, theirs = c.time_us_scored or c.time_us_median, r.time_us_scored or r.time_us_median
+        yours, theirs = c.scored_us, r.scored_us
         speed = f"{theirs / yours:.2f}x" if yours > 0 else "-"
         pct = f"{r.roofline_pct:.0f}%" if r.roofline_pct is not None else "-"
         lines.append(f"  {c.size_bytes:>12} {yours:>10.1f} {theirs:>13.1f} {speed:>8}" + (f" {pct:>13}" if roof else ""))

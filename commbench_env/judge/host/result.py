@@ -114,6 +114,11 @@ class SizeResult(StrictModel):
                                 "device still had work after the stop mark (queued later by a background thread, "
                                 "or, in torch tasks, async work never waited for)")
 
+    @property
+    def scored_us(self) -> float:
+        """The time this size is scored on: time_us_scored, or the median in results older than that field."""
+        return self.time_us_scored or self.time_us_median
+
 
 class Roofline(StrictModel):
     """What bandwidth figures are measured against, found on the rank's own hardware during the evaluation."""
