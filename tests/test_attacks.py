@@ -83,7 +83,8 @@ def test_fake_print_is_only_feedback(evaluate):
 # --- the run-time layer on its own (static check switched off by the host, as only tests can) ------------------
 RUNTIME_FORBIDDEN = ["runtime_numpy_file_channel", "runtime_forbidden_getattr", "runtime_forbidden_process_group", "runtime_file_channel",
                      "runtime_shared_memory", "runtime_socket_channel", "runtime_subprocess",
-                     "runtime_introspect_harness", "runtime_tripwire_guard", "runtime_patch_harness"]
+                     "runtime_introspect_harness", "runtime_tripwire_guard", "runtime_patch_harness",
+                     "runtime_fabric_raw_collective"]
 
 
 @pytest.mark.parametrize("name", RUNTIME_FORBIDDEN)
@@ -91,6 +92,19 @@ def test_runtime_guard_alone(evaluate, name):
     res = evaluate(TASK, ATTACKS / f"{name}.py", mode="check", static_check=False)
     assert res.verdict == Verdict.forbidden, res.feedback()
     assert any(v.where == "runtime" for v in res.violations)
+    assert compute_reward(res, None).reward == 0.0
+
+
+def test_a_collective_written_on_the_channel_is_refused_by_the_coordinator(evaluate):
+    res = evaluate(TASK, ATTACKS / "runtime_fabric_raw_collective.py", mode="check", static_check=False)
+    assert res.verdict == Verdict.forbidden, res.feedback()
+    assert "called torch.distributed all_reduce, which this task forbids" in res.summary
+
+
+def test_data_outside_messages_reaches_no_rank(evaluate):
+    res = evaluate(TASK, ATTACKS / "runtime_fabric_smuggle.py", mode="check", static_check=False)
+    assert res.verdict == Verdict.runtime_error, res.feedback()
+    assert "unknown fabric operation 'peek'" in res.summary
     assert compute_reward(res, None).reward == 0.0
 
 

@@ -59,8 +59,12 @@ def test_a_detached_process_is_never_started(evaluate):
 
 @pytest.mark.parametrize("name", ["unbound_backend", "functional_collective"])
 def test_forbidden_collectives_are_refused_where_they_run(evaluate, name):
+    """On CPUs these routes lead nowhere: a rank's process group is the coordinator's fabric, with no backend object
+    and no libtorch collective behind it, so the call fails in the rank (the fabric itself refuses a forbidden
+    collective however it is written: test_attacks' runtime_fabric_raw_collective)."""
     res = _run(evaluate, name)
-    assert res.verdict == Verdict.forbidden, res.feedback()
+    assert res.verdict in (Verdict.forbidden, Verdict.runtime_error), res.feedback()
+    assert not any(c.passed for c in res.cases)
     assert compute_reward(res, None).reward == 0.0
 
 

@@ -124,6 +124,9 @@ class GoldenOp:
     nccl_op: ClassVar[str | None] = None
     #: the candidate functions this op calls
     functions: ClassVar[tuple[str, ...]] = ()
+    #: collective kinds (judge/coordinator/fabric.py's KIND_METHODS) the harness itself runs for the candidate (an
+    #: all_reduce it hands over): the CPU fabric carries them even where the card forbids them to the candidate
+    harness_collectives: ClassVar[frozenset[str]] = frozenset()
 
     # ---- card validation -------------------------------------------------------------------------
     def validate_card(self, card: "TaskCard") -> None:

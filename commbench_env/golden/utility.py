@@ -131,6 +131,7 @@ def _counting_all_reduce(group):
 
     A closure, not an object, so the candidate has no attribute through which to reset the counts."""
     stats = [0, 0, 0]  # calls, largest call in bytes, bytes in all calls
+    fabric_allreduce = getattr(group, "harness_allreduce", None)
 
     def all_reduce(t) -> None:
         t = expect_tensor(t, "the argument of all_reduce")
@@ -142,6 +143,9 @@ def _counting_all_reduce(group):
         stats[2] += nbytes
         opts = _ALLREDUCE_OPTIONS()
         opts.reduceOp = _SUM
+        if fabric_allreduce is not None:  # CPU: the coordinator's fabric (judge/candidate/fabric_group.py)
+            fabric_allreduce(t).wait()
+            return
         _BACKEND_ALLREDUCE(group._get_backend(t.device), [t], opts).wait()
 
     return all_reduce, stats
@@ -182,6 +186,7 @@ def _grad_layout(shape: tuple[int, ...], layout_seed: int, bench: bool) -> tuple
 
 @register
 class BucketedGradAverage(GoldenOp):
+    harness_collectives = frozenset({"allreduce"})
     """`average_gradients(grads, bucket_bytes, all_reduce) -> list`: the mean over ranks of every gradient, with
     at most ceil(total_bytes / bucket_bytes) calls of the harness's `all_reduce`, none larger than bucket_bytes.
 

@@ -47,7 +47,7 @@ def play_episode(env: CommBenchEnv, agent: Agent, *, options: dict[str, Any] | N
     return EpisodeSummary(task_id=env.task.id, agent=agent.name, world_size=env.world_size, turns=outcome.turn,
                           reward=float(outcome.episode_reward), verdict=outcome.verdict, correct=outcome.correct,
                           speedup=parts.speedup if parts else None, band=parts.band if parts else None,
-                          busbw_gbps=bench[-1].busbw_gbps if bench else None,
+                          busbw_gbps=bench[-1].scored_busbw_gbps if bench else None,
                           size_bytes=bench[-1].size_bytes if bench else None,
                           trace_path=str(env.trace_path), duration_s=played.ended - played.started)
 

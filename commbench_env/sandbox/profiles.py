@@ -9,6 +9,7 @@ from pydantic import Field
 
 from ..config import StrictModel, list_cards, load_named_card
 from ..paths import sandboxes_dir
+from ..judge.link_model import LinkModel
 
 
 class Limits(StrictModel):
@@ -57,6 +58,8 @@ class SandboxProfile(StrictModel):
     limits: Limits = Field(default_factory=Limits)
     gpus: GpuSelection = Field(default_factory=GpuSelection)
     docker: DockerSpec = Field(default_factory=DockerSpec)
+    link_model: LinkModel = Field(default_factory=LinkModel, description="the hardware a CPU evaluation's modelled "
+                                  "time stands for (the CPU reward scores that time, not the wall time)")
     source: str = Field(default="", exclude=True)
 
     @property

@@ -18,16 +18,18 @@ from ..sandbox import SandboxProfile, open_sandbox
 # (2: GPU calls timed back-to-back after a warm-up, nccl-tests' iteration counts on GPUs, median of 3 runs;
 # 3: torch candidates run on their own thread with torch's intra-op thread count set: a matmul task's figures cached
 # by a judge between the two read 13x slower than now, so its reference scored a 10x speedup over itself).
-TIMING_VERSION = 4  # 4: CPU calls timed by the coordinator (release to samples); GPU scored on the mean
+TIMING_VERSION = 5  # 4: CPU calls timed by the coordinator, GPU on the mean; 5: CPU scored on the modelled time
 GPU_RUNS = 3  # reference runs on a GPU; each size keeps its median run (one run's outliers moved rewards by 0.04)
 
 
 def limits_key(profile: SandboxProfile) -> str:
-    """What of a sandbox profile moves timings beyond the hardware: its CPU, memory and thread limits."""
+    """What of a sandbox profile moves timings beyond the hardware: its CPU, memory and thread limits, and on CPUs
+    the link model the modelled time stands for."""
     d = profile.docker
     key = json.dumps([profile.backend, profile.threads_per_rank, profile.limits.memory_mb,
                       d.cpus if profile.backend == "docker" else None,
-                      d.memory_mb if profile.backend == "docker" else None])
+                      d.memory_mb if profile.backend == "docker" else None]
+                     + ([profile.link_model.model_dump(mode="json")] if profile.device_mode == "cpu" else []))
     return hashlib.sha256(key.encode()).hexdigest()[:8]
 
 

@@ -124,9 +124,10 @@ def compute_reward(result: JudgeResult, reference: list[SizeResult] | None, cfg:
 
 
 def roofline_share(sizes: list[SizeResult]) -> float | None:
-    """Geometric mean of the share of the roofline each size reached (roofline_pct / 100), None where the judge
-    measured no roofline (CPU runs, latency metrics)."""
-    shares = [s.roofline_pct / 100 for s in sizes if s.roofline_pct is not None and s.roofline_pct > 0]
+    """Geometric mean of the share of the roofline each size reached (roofline_pct / 100): the measured roofline on
+    GPUs, the link model's port on CPUs (modelled); None for latency metrics."""
+    pcts = [s.modelled.roofline_pct if s.modelled is not None else s.roofline_pct for s in sizes]
+    shares = [p / 100 for p in pcts if p is not None and p > 0]
     if not shares or len(shares) != len(sizes):
         return None
     return math.exp(sum(math.log(x) for x in shares) / len(shares))

@@ -199,7 +199,8 @@ def format_trace(trace: Trace, show_source: bool = False) -> str:
     for st in trace.steps:
         jr = st.judge_result
         bench = jr.benchmark if jr else []
-        bw = f", busbw {bench[-1].busbw_gbps:.3f} GB/s at {bench[-1].size_bytes} B" if bench else ""
+        bw = (f", busbw {bench[-1].scored_busbw_gbps:.3f} GB/s at {bench[-1].size_bytes} B"
+              + (f" (modelled on {bench[-1].modelled.link_model})" if bench[-1].modelled else "") if bench else "")
         lines.append(f"  turn {st.turn}: {st.action.tool or '?':<9} -> {st.verdict or '-'}{bw}; reward {st.reward:.3f}"
                      + (" [terminated]" if st.terminated else "") + (" [truncated]" if st.truncated else ""))
         summary = (jr.summary if jr else "") or st.error or ""

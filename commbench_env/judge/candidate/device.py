@@ -1,4 +1,5 @@
-"""Where a rank's tensors live and how one call is timed: CPU (gloo) or a GPU (NCCL, or gloo in cuda-shared).
+"""Where a rank's tensors live and how one call is timed: CPU (the coordinator's fabric) or a GPU (NCCL, or gloo
+in cuda-shared).
 
 Timing on a GPU: the ranks are first aligned on the device (a one-word NCCL all-reduce in `cuda` mode), then a
 few milliseconds of memory-bound warm-up work are queued, so that the candidate's launches are already waiting
@@ -97,7 +98,7 @@ class RankDevice:
         self.world = world
         if mode == "cpu":
             self.device = torch.device("cpu")
-            self.backend = "gloo"
+            self.backend = "commbench"  # the coordinator's fabric (fabric_group.py)
             return
         if not torch.cuda.is_available():
             raise RuntimeError(f"device mode {mode!r} needs a CUDA GPU, and torch sees none here")

@@ -96,6 +96,7 @@ class RankHarness:
         import torch.distributed as dist
 
         from ...golden import get_op
+        from . import fabric_group  # imports torch.distributed
 
         self.torch, self.dist = torch, dist
         self.clock = time.perf_counter_ns
@@ -111,24 +112,32 @@ class RankHarness:
             self.roofline = roofline.measure(torch, self.dev.mode, self.world, gpus)
             torch.cuda.empty_cache()
         timeout = timedelta(seconds=float(self.spec["timeout_s"]))
-        # The store's server is the coordinator's: no rank owns the rendezvous, and it closes once all are set up.
-        store = dist.TCPStore("127.0.0.1", int(self.spec["store_port"]), self.world, False, timeout=timeout)
+        forbidden, attrs = expand_forbidden(self.card["rules"]["forbidden_apis"])
         t0 = self.clock()
-        extra = {"device_id": self.dev.device} if self.dev.backend == "nccl" else {}
-        dist.init_process_group(self.dev.backend, store=store, rank=self.rank, world_size=self.world,
-                                timeout=timeout, **extra)
-        del store
-        # The harness synchronises on a group of its own, through its backend's own method, bound before any
-        # guard exists: neither the candidate's traffic nor a forbidden-collective guard touches it.
-        self.dev.bind_group(dist.group.WORLD)
-        harness_group = dist.new_group(backend="gloo")
-        bound_barrier = harness_group._get_backend(self.torch.device("cpu")).barrier
-        self.barrier = lambda: bound_barrier().wait()
+        if self.dev.backend == fabric_group.BACKEND:
+            # CPU ranks reach each other only through the coordinator, on this rank's own channel: no store, no
+            # sockets between ranks. The harness's barrier is the coordinator's too, outside every call.
+            fabric_group.register(self.channel, frozenset(attrs), self.guard.record)
+            dist.init_process_group(fabric_group.BACKEND, store=dist.HashStore(), rank=self.rank,
+                                    world_size=self.world, timeout=timeout)
+            self.barrier = functools.partial(fabric_group.harness_barrier, self.channel)
+        else:
+            # The store's server is the coordinator's: no rank owns the rendezvous, and it closes once all are set up.
+            store = dist.TCPStore("127.0.0.1", int(self.spec["store_port"]), self.world, False, timeout=timeout)
+            extra = {"device_id": self.dev.device} if self.dev.backend == "nccl" else {}
+            dist.init_process_group(self.dev.backend, store=store, rank=self.rank, world_size=self.world,
+                                    timeout=timeout, **extra)
+            del store
+            # The harness synchronises on a group of its own, through its backend's own method, bound before any
+            # guard exists: neither the candidate's traffic nor a forbidden-collective guard touches it.
+            self.dev.bind_group(dist.group.WORLD)
+            harness_group = dist.new_group(backend="gloo")
+            bound_barrier = harness_group._get_backend(self.torch.device("cpu")).barrier
+            self.barrier = lambda: bound_barrier().wait()
         self.barrier()
         self.rendezvous_s = (self.clock() - t0) / 1e9
         # read before the file-system sandbox closes the evaluation folder to this process
         self.source = (self.workdir / "candidate" / self.card["entry"]["file"]).read_text()
-        forbidden, attrs = expand_forbidden(self.card["rules"]["forbidden_apis"])
         install_tripwires(forbidden, attrs, self.guard)
         self.guarded_ops = dispatch_guard.install(attrs & (PROCESS_GROUP_COLLECTIVES | PROCESS_GROUP_P2P),
                                                   self.guard.record)

@@ -20,10 +20,12 @@ from ...golden import get_op
 from ...golden.base import GoldenOp
 from ...golden.compare import compare_tensor
 from ..host.request import JudgeRequest
-from ..host.result import CaseResult, CompileReport, JudgeResult, Mismatch, Roofline, SizeResult, Timings, Verdict, Violation
+from ..host.result import (CaseResult, CompileReport, JudgeResult, Mismatch, ModelledTime, Roofline, SizeResult,
+                           Timings, Verdict, Violation)
 from ..protocol import derive_seed, sample_positions, sample_together
 from ..rules import expand_forbidden
 from ..staging import usable_cores
+from .comm_model import ModelledCall
 from .links import RankFailure
 from .rank_group import RankGroup
 from .static_check import check_source
@@ -210,7 +212,28 @@ class Evaluation:
         mismatch = self.verify_samples(case, size, seeds, calls.samples, calls.full)
         self.timings.verify_s += time.monotonic() - t1
         return self.size_result(case, size, perf, calls.times, mismatch).model_copy(
-            update={"extended_calls": calls.extended, "clock_bounded": calls.bounded})
+            update={"extended_calls": calls.extended, "clock_bounded": calls.bounded,
+                    "modelled": self.modelled_time(case, calls.modelled)})
+
+    def modelled_time(self, case: CaseSpec, calls: list[ModelledCall]) -> ModelledTime | None:
+        """The timed calls on the link model (CPU): the median call, nccl-tests' bandwidth formulas on it."""
+        if not calls:
+            return None
+        model = self.req.link_model
+        times = [c.time_us for c in calls]
+        mid = sorted(calls, key=lambda c: c.time_us)[len(calls) // 2]
+        t_us = mid.time_us
+        nbytes = self.op.metric_bytes(case, self.world)
+        algbw = nbytes / (t_us * 1e-6) / 1e9 if t_us > 0 else 0.0
+        busbw = algbw * busbw_factor(self.op.nccl_op, self.world)
+        metric = self.card.performance.metric
+        shown = algbw if metric == "algbw" else busbw
+        pct = 100 * shown / model.port_gbps if metric in ("busbw", "algbw") and shown > 0 else None
+        return ModelledTime(link_model=model.name, port_gbps=model.port_gbps, alpha_us=model.alpha_us, time_us=t_us,
+                            algbw_gbps=algbw, busbw_gbps=busbw, roofline_pct=pct, messages=mid.messages,
+                            bytes_moved=mid.bytes_moved, collectives=mid.collectives,
+                            max_rank_bytes_out=max(mid.bytes_out, default=0),
+                            max_rank_bytes_in=max(mid.bytes_in, default=0), spread_us=max(times) - min(times))
 
     def sample_ask(self, size: int, it: int) -> dict[str, int]:
         """The seeds of the positions sampled after timed call `it`: of its outputs, and of its read-only inputs."""

@@ -21,6 +21,7 @@ from typing import Any
 from ...paths import PACKAGE_DIR
 from ..host.result import RankStatus, Verdict, Violation
 from ..protocol import ProtocolError, Reader, decode_tensors, pack, split_inputs
+from .fabric import Fabric, FabricError
 from .stacks import candidate_stack
 
 Message = tuple[dict, bytes]
@@ -63,6 +64,7 @@ class Links:
         self.entry_file = entry_file
         self.procs: list[RankProc] = []
         self.case_limit: tuple[float, float] | None = None  # (deadline, seconds) of the case being run
+        self.fabric: Fabric | None = None  # CPU ranks: their messages to each other come through here
 
     @contextmanager
     def per_case(self, seconds: float) -> Iterator[None]:
@@ -126,6 +128,10 @@ class Links:
                 for r in list(pending):
                     msg = self.pop(r, case)
                     while msg is not None:
+                        if msg[0].get("type") == "net":
+                            self.carry(r, msg, case)
+                            msg = self.pop(r, case)
+                            continue
                         self.absorb(r, msg, waiting[r], case)
                         nxt = then(r, msg) if then else None
                         if not nxt:
@@ -146,6 +152,22 @@ class Links:
         finally:
             sel.close()
         return got
+
+    def carry(self, r: int, msg: Message, case: str | None) -> None:
+        """A fabric frame: route it and send what it releases (a rank's misuse of the fabric is its failure)."""
+        if self.fabric is None:
+            raise RankFailure.protocol(f"rank {r}", "a fabric frame where no fabric runs", case)
+        try:
+            replies = self.fabric.handle(r, msg[0], msg[1])
+        except FabricError as exc:
+            if exc.rule:
+                v = {"rule": exc.rule, "detail": exc.text, "where": "runtime"}
+                if v not in self.procs[exc.rank].violations:
+                    self.procs[exc.rank].violations.append(v)
+                raise RankFailure(Verdict.forbidden, exc.text, case) from None
+            raise RankFailure(Verdict.runtime_error, exc.text + (f" (case {case})" if case else ""), case) from None
+        for rank, header, blob in replies:
+            self.send(rank, header, blob)
 
     def one(self, expect: str, case: str | None = None) -> Message:
         """The next message of the only process (the device host)."""
@@ -251,8 +273,10 @@ class Links:
             what = f"a case's time limit of {self.case_limit[1]:g}s"
         else:
             what = f"the time limit of {self.timeout_s:g}s"
+        stuck = self.fabric.stuck(pending) if self.fabric is not None else []
         raise RankFailure(Verdict.timeout, f"{what} reached; rank(s) {', '.join(map(str, pending))} did not finish"
-                          + (f" case {case}" if case else "") + " (a deadlock? see each rank's stack)", case)
+                          + (f" case {case}" if case else "") + " (a deadlock? see each rank's stack)"
+                          + "".join(f"\n  {line}" for line in stuck), case)
 
     def shutdown(self) -> None:
         """Ask every live process to exit, then kill what is left (and anything left in its session)."""

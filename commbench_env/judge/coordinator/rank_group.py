@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ...cards import CaseSpec, PerformanceSpec
 from ..host.result import RankProfile, RankStatus, SanitizerReport, Violation
+from .comm_model import ModelledCall
 from .links import Links, Message
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class BenchCalls:
     full: bool = False
     extended: int = 0  # timed calls whose clock ran on to a device-wide sync
     bounded: bool = False  # a process's own timings were raised to the coordinator's clock floor
+    modelled: list[ModelledCall] = field(default_factory=list)  # CPU: each timed call on the link model
 
 
 class RankGroup(ABC):

@@ -82,7 +82,7 @@ def load_modules() -> None:
 
     from ... import cards, golden  # noqa: F401
     from . import evaluation  # noqa: F401
-    from ..candidate import dispatch_guard, rank, seccomp_filter  # noqa: F401
+    from ..candidate import dispatch_guard, fabric_group, rank, seccomp_filter  # noqa: F401
 
     golden.op_names()
     seccomp_filter.available()  # loads libseccomp (its lookup runs ldconfig) before any rank is confined

@@ -1,4 +1,8 @@
-"""Torch ranks: one process per rank, forked by the secretless spawner, a torch process group between them."""
+"""Torch ranks: one process per rank, forked by the secretless spawner, a torch process group between them.
+
+On the CPU that process group is the coordinator's fabric (fabric.py): ranks have no way to each other but through
+the coordinator, which carries, checks and models their traffic. On GPUs it is NCCL (cuda) or gloo (cuda-shared),
+and ranks are timed by the clock."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from typing import Any
 
 from ...cards import CaseSpec, PerformanceSpec
 from ..host.result import RankProfile, SanitizerReport, kernel_bandwidth
+from ..rules import PROCESS_GROUP_COLLECTIVES, PROCESS_GROUP_P2P, expand_forbidden
+from .fabric import Fabric
 from .links import Message
 from .rank_group import BenchCalls, Handed, RankGroup
 from .timing import bounded_times
@@ -22,6 +28,10 @@ class TorchRanks(RankGroup):
         super().__init__(ev)
         self.calls_released_singly = ev.req.device_mode == "cpu"
         self.store: Any = None
+        if ev.req.device_mode == "cpu":
+            _, attrs = expand_forbidden(ev.card.rules.forbidden_apis)
+            refused = attrs & (PROCESS_GROUP_COLLECTIVES | PROCESS_GROUP_P2P)
+            self.links.fabric = Fabric(ev.world, ev.req.link_model, refused, ev.op.harness_collectives)
 
     def spec(self) -> dict[str, Any]:
         """What a rank is started with: the card without its cases (a rank learns a case only when it must run
@@ -40,11 +50,12 @@ class TorchRanks(RankGroup):
         ev = self.ev
         t0 = time.monotonic()
         spec = self.spec()
-        # The rendezvous store is served here, by the coordinator: no rank owns it, and it closes once every
-        # rank's process group is connected, so ranks cannot use it as a channel.
-        self.store = dist.TCPStore("127.0.0.1", 0, ev.world, True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=ev.timeout_s))
-        spec["store_port"] = self.store.port
+        if self.links.fabric is None:
+            # The rendezvous store is served here, by the coordinator: no rank owns it, and it closes once every
+            # rank's process group is connected, so ranks cannot use it as a channel.
+            self.store = dist.TCPStore("127.0.0.1", 0, ev.world, True, wait_for_workers=False,
+                                       timeout=timedelta(seconds=ev.timeout_s))
+            spec["store_port"] = self.store.port
         for r in range(ev.world):
             mine, theirs = socket.socketpair()
             try:
@@ -88,8 +99,11 @@ class TorchRanks(RankGroup):
         outputs depend on, and nothing a rank reports about itself is taken as a time."""
         links, world = self.links, self.ev.world
         calls = BenchCalls(times=[[0.0] * perf.iters for _ in range(world)])
+        fabric = links.fabric
         for it in range(perf.warmup + perf.iters):
             timed = it >= perf.warmup
+            if fabric is not None:  # from the moment the call's inputs exist to its last rank's return
+                fabric.open_window()
             links.send_all(lambda r: {"seed": seeds[r][it], "it": it, "sample": timed})
             released = links.release(case.name)
             ends = [0] * world
@@ -105,6 +119,9 @@ class TorchRanks(RankGroup):
                 return None
 
             got = links.gather(range(world), "done", case.name, then=then)
+            modelled = fabric.close_window() if fabric is not None else None
+            if timed and modelled is not None:
+                calls.modelled.append(modelled)
             if timed:
                 for r in range(world):
                     calls.times[r][it - perf.warmup] = (ends[r] - released[r]) / 1e3

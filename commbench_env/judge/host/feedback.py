@@ -79,7 +79,32 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
         lines += ["", f"world sizes judged: {r.world_size} (this episode's)"
                   + "".join(f"; {w.world}: {w.verdict.value}, {w.passed} of {w.total} cases passed" for w in r.worlds)
                   + " (the cases of other worlds are listed as hidden)"]
-    if r.benchmark and r.metric == "latency":
+    modelled = [s for s in r.benchmark if s.modelled is not None]
+    if modelled:
+        m = modelled[0].modelled
+        latency = r.metric == "latency"
+        lines += ["", f"benchmark, modelled (the CPU reward scores this): your calls' messages, in the order and "
+                  f"with the dependencies they had, timed on {m.link_model} ({m.port_gbps:g} GB/s per direction per "
+                  f"rank, {m.alpha_us:g} us per message); the same code gives the same figure every run; local "
+                  "computation is not counted; wall_us is this machine's clock, for reference only:",
+                  f"  {'size':>12} {'model_us':>10}" + ("" if latency else f" {'algbw GB/s':>11} {'busbw GB/s':>11} "
+                                                         f"{'of link':>7}")
+                  + f" {'messages':>8} {'p2p out B':>10} {'wall_us':>10}  ok"]
+        for s in r.benchmark:
+            mt = s.modelled
+            ok = "yes" if s.verified else ("NO: " + _mismatch_line(s.mismatch) if s.mismatch else "NO")
+            if mt is None:
+                continue
+            pct = f"{mt.roofline_pct:.0f}%" if mt.roofline_pct is not None else "-"
+            lines.append(f"  {s.size_bytes:>12} {mt.time_us:>10.2f}"
+                         + ("" if latency else f" {mt.algbw_gbps:>11.2f} {mt.busbw_gbps:>11.2f} {pct:>7}")
+                         + f" {mt.messages + mt.collectives:>8} {mt.max_rank_bytes_out:>10} {s.time_us:>10.0f}  {ok}")
+        varied = [s for s in modelled if s.modelled.spread_us > 0]
+        if varied:
+            lines.append("  your calls communicated differently from call to call at "
+                         + ", ".join(f"{s.size_bytes} B (spread {s.modelled.spread_us:.1f} us)" for s in varied)
+                         + "; the median call is scored")
+    elif r.benchmark and r.metric == "latency":
         lines += ["", "benchmark (latency: time of one call, max over ranks; the reward compares the median "
                   "iteration on CPUs, the mean on GPUs):",
                   f"  {'size':>12} {'latency_us':>11} {'median_us':>10} {'min_us':>9}  ok"]

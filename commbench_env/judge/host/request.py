@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from ...config import StrictModel
+from ..link_model import LinkModel
 from .result import Mode
 
 
@@ -26,5 +27,7 @@ class JudgeRequest(StrictModel):
     accept_weak_isolation: bool = Field(default=False, description="the profile's opt-in: a result is "
                                         "leaderboard-grade even if a kernel layer is missing")
     max_output_chars: int = 4000
+    link_model: LinkModel = Field(default_factory=LinkModel, description="the hardware a CPU evaluation's modelled "
+                                  "time stands for")
     cache_dir: str | None = Field(default=None, description="build cache of cuda candidates (kept across evaluations)")
     cleanup: bool = Field(default=True, description="remove the evaluation folder afterwards (fresh dirs, no state)")

@@ -83,6 +83,27 @@ class WorldCheck(StrictModel):
     total: int
 
 
+class ModelledTime(StrictModel):
+    """A CPU call's communication timed on a link model instead of a clock (judge/coordinator/comm_model.py):
+    deterministic, so the CPU reward says something about the algorithm. Max over ranks; median over iterations."""
+
+    link_model: str = Field(description="the sandbox profile's link model, e.g. h200-nvswitch")
+    port_gbps: float
+    alpha_us: float
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    roofline_pct: float | None = Field(default=None, description="the metric's modelled bandwidth as % of the "
+                                       "link model's port bandwidth")
+    messages: int = Field(description="point-to-point messages per call, all ranks")
+    bytes_moved: int = Field(description="point-to-point bytes per call, all ranks")
+    collectives: int = Field(default=0, description="library collectives per call")
+    max_rank_bytes_out: int = 0
+    max_rank_bytes_in: int = 0
+    spread_us: float = Field(default=0.0, description="max - min over the timed iterations (0 when the "
+                             "submission communicates the same way every call)")
+
+
 class SizeResult(StrictModel):
     """One benchmark size, nccl-tests style: time is the mean over iterations, max over ranks."""
 
@@ -110,14 +131,24 @@ class SizeResult(StrictModel):
     roofline_pct: float | None = Field(default=None, description="the metric's bandwidth as % of roofline_gbps")
     verified: bool = True
     mismatch: Mismatch | None = None
+    modelled: ModelledTime | None = Field(default=None, description="CPU: the call's communication on the "
+                                          "profile's link model; when present, the reward scores it")
     extended_calls: int = Field(default=0, description="timed calls whose clock ran on to a device-wide sync: the "
                                 "device still had work after the stop mark (queued later by a background thread, "
                                 "or, in torch tasks, async work never waited for)")
 
     @property
     def scored_us(self) -> float:
-        """The time this size is scored on: time_us_scored, or the median in results older than that field."""
+        """The time this size is scored on: the modelled time on CPUs; else time_us_scored (the median in results
+        older than that field)."""
+        if self.modelled is not None:
+            return self.modelled.time_us
         return self.time_us_scored or self.time_us_median
+
+    @property
+    def scored_busbw_gbps(self) -> float:
+        """The bus bandwidth of the scored time: modelled on CPUs, measured on GPUs."""
+        return self.modelled.busbw_gbps if self.modelled is not None else self.busbw_gbps
 
 
 class Roofline(StrictModel):

@@ -1,0 +1,39 @@
+"""The hardware a CPU evaluation's modelled time stands for: a sandbox profile's `[link_model]` table (the host
+sends it in the request; the coordinator models each call on it)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LinkModel(BaseModel):
+    """Per-rank port bandwidth (each direction) and per-message latency of the modelled hardware.
+
+    The default is one NVIDIA H200 per rank on an NVSwitch: 370 GB/s is what an SM copy kernel reached between two
+    H200s (of 478 GB/s raw over 18 NVLinks; measured 2026-11-29 on the two-H200 machine), and 2 us per message is of the order
+    of a peer flag's round trip (1.66 us) plus a launch. Change both to model other hardware."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "h200-nvswitch"
+    description: str = ("one NVIDIA H200 per rank on an NVSwitch: 370 GB/s per direction per GPU (an SM copy "
+                        "kernel's measured peer bandwidth, of 478 GB/s raw over 18 NVLinks), 2 us per message")
+    port_gbps: float = Field(default=370.0, gt=0)
+    alpha_us: float = Field(default=2.0, ge=0)
+
+    def transfer_us(self, nbytes: int) -> float:
+        return nbytes / (self.port_gbps * 1e3)  # GB/s = 1e3 bytes per us
+
+    def collective_us(self, kind: str, members: int, nbytes: int) -> float:
+        """NCCL's ring cost for a library collective over `members` ranks; `nbytes` as nccl-tests counts the size
+        (all-reduce: the buffer; all-gather / reduce-scatter / all-to-all: the whole output or input)."""
+        p, a = members, self.alpha_us
+        if p <= 1:
+            return 0.0
+        if kind == "allreduce":
+            return 2 * (p - 1) * a + self.transfer_us(2 * (p - 1) * nbytes // p)
+        if kind in ("allgather", "reduce_scatter", "alltoall"):
+            return (p - 1) * a + self.transfer_us((p - 1) * nbytes // p)
+        if kind in ("broadcast", "reduce", "gather", "scatter"):
+            return (p - 1) * a + self.transfer_us(nbytes)
+        return 2 * a * max(1, (p - 1).bit_length())  # barrier: a dissemination barrier's rounds
