@@ -155,6 +155,17 @@ class PerformanceSpec(StrictModel):
     gpu_warmup: int = Field(default=5, ge=0, description="warm-up calls per size in the cuda modes (nccl-tests -w)")
     gpu_iters: int = Field(default=20, ge=1, description="timed calls per size in the cuda modes (nccl-tests -n): "
                                                          "the median of 5 calls moved rewards by 0.04 between runs")
+    roofline_bound: float = Field(default=1.0, gt=0, le=1, description="the share of the measured roofline (copy "
+                                  "or link bandwidth) the task's metric can reach at best, where its protocol must "
+                                  "move more bytes than the metric counts (an LL line: 8 bytes stored per 4 of "
+                                  "data); roofline_pct is against roofline x bound")
+    roofline_reason: str = Field(default="", description="why roofline_bound is below 1, shown with the figures")
+
+    @model_validator(mode="after")
+    def _bound_has_reason(self) -> "PerformanceSpec":
+        if self.roofline_bound < 1 and not self.roofline_reason.strip():
+            raise ValueError("roofline_bound below 1 needs a roofline_reason saying why")
+        return self
 
     @field_validator("sizes", "gpu_sizes")
     @classmethod

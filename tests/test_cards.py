@@ -128,3 +128,19 @@ def test_the_statement_says_what_a_forbidden_preset_covers():
     assert "Tolerance:" in text and "Integer and bool outputs must be exact" in text
     hinted = load_task("ep/expert_rebalance").agent_view(hints=True)
     assert "## Hints" in hinted and "## Hints" not in text
+
+
+def test_a_roofline_bound_below_one_needs_its_reason_and_is_shown_with_the_figures():
+    from commbench_env.cards import PerformanceSpec
+    from commbench_env.judge.host.result import JudgeResult, Roofline, SizeResult, Verdict
+
+    with pytest.raises(ValueError, match="roofline_bound below 1 needs a roofline_reason"):
+        PerformanceSpec(sizes=[1024], roofline_bound=0.5)
+    size = SizeResult(size_bytes=1024, dtype="float32", count=256, iters=1, warmup=0, time_us=1.0,
+                      time_us_median=1.0, time_us_min=1.0, per_rank_mean_us=[1.0], algbw_gbps=1.0, busbw_gbps=1.0,
+                      roofline_gbps=200.0, roofline_pct=0.5)
+    res = JudgeResult(task_id="t", task_hash="h", mode="benchmark", world_size=2, device_mode="cuda-shared",
+                      verdict=Verdict.passed, benchmark=[size], roofline_bound=0.5,
+                      roofline_reason="an LL line stores 8 bytes per 4 of data",
+                      roofline=Roofline(name="device copy", gbps=800.0, per_rank_gbps=400.0, emulated=True))
+    assert "this task's bound is 0.5 of it (an LL line stores 8 bytes per 4 of data)" in res.feedback()

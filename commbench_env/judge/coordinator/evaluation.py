@@ -55,7 +55,9 @@ class Evaluation:
         self.result = JudgeResult(task_id=self.card.id, task_hash=req.task.get("task_hash", ""), mode=req.mode,
                                   world_size=self.world, device_mode=req.device_mode, verdict=Verdict.passed,
                                   judge_version=__version__, source_hash=req.source_hash,
-                                  metric=self.card.performance.metric)
+                                  metric=self.card.performance.metric,
+                                  roofline_bound=self.card.performance.roofline_bound,
+                                  roofline_reason=self.card.performance.roofline_reason)
         # the processes that will run candidate code, in the shape the task's language needs (none started yet)
         self.group: RankGroup = self._rank_group()
 
@@ -254,6 +256,8 @@ class Evaluation:
         roof_gbps = roof.per_rank_gbps if roof and roof.per_rank_gbps > 0 else None
         if roof_gbps and roof.emulated and self.card.performance.metric == "busbw":
             roof_gbps *= bus_share_of_copy(self.op.nccl_op, self.world)
+        if roof_gbps:
+            roof_gbps *= self.card.performance.roofline_bound
         pct = 100 * shown / roof_gbps if roof_gbps and shown > 0 else None
         if mismatch is None and self.card.performance.metric in ("busbw", "algbw"):
             why = implausible_timing(pct, size, roof.name if roof else "")

@@ -135,6 +135,9 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
         if r.roofline and r.metric != "latency":
             lines.append(f"  roofline: {r.roofline.name}, {r.roofline.per_rank_gbps:.0f} GB/s per rank"
                          + (" (emulated: all ranks share one GPU, nothing crosses NVLink)" if r.roofline.emulated else ""))
+            if r.roofline_bound < 1:
+                lines.append(f"  this task's bound is {r.roofline_bound:g} of it ({r.roofline_reason}); the "
+                             "roofline column is against that bound")
             less = [s.roofline_gbps for s in r.benchmark if s.roofline_gbps and s.roofline_gbps < r.roofline.per_rank_gbps]
             if less:
                 lines.append(f"  busbw can reach only {less[-1]:.0f} GB/s per rank of it: each rank also copies its own "
