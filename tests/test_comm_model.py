@@ -12,7 +12,7 @@ from commbench_env.judge.coordinator.comm_model import simulate
 from commbench_env.judge.coordinator.fabric import Fabric, FabricError
 from commbench_env.judge.link_model import LinkModel
 
-MODEL = LinkModel(port_gbps=100.0, alpha_us=1.0)  # 100 bytes per ns: 1 MB takes 10 us
+MODEL = LinkModel(port_gbps=100.0, alpha_us=1.0, overhead_us=0.0)  # 100 bytes per ns: 1 MB takes 10 us
 
 
 def _send(f: Fabric, r: int, h: int, to: int, payload: bytes, tag: int = 0):
@@ -176,6 +176,33 @@ def test_a_deadlock_says_who_waits_for_what():
     lines = f.stuck([1, 2])
     assert lines[0] == "rank 1 waits for a message from rank 0 (tag 3, 16 bytes) that it has not sent"
     assert "rank 2 waits in barrier (collective #1 of its group), which rank(s) 0, 1 never joined" in lines[1]
+
+
+def test_a_message_to_a_busy_receiver_does_not_hold_the_senders_port():
+    """Rank 0 keeps rank 1's ingress busy; rank 2 sends to rank 1 and to rank 3: whichever it posts first, the
+    message to rank 3 goes at once (head-of-line blocking would make the first order 5 us slower)."""
+    def drive(first: int):
+        def run(f: Fabric, world: int, n: int) -> None:
+            _send(f, 0, 1, 1, b"x" * n)  # rank 1's ingress busy for n / B
+            _recv(f, 1, 1, 0, n)
+            for h, dst in enumerate((first, 4 - first), start=10):  # to 1 then 3, or 3 then 1
+                _send(f, 2, h, dst, b"y" * (n // 2))
+                _recv(f, dst, h, 2, n // 2)
+            for r, h in ((1, 1), (1, 10 if first == 1 else 11), (3, 11 if first == 1 else 10)):
+                _wait(f, r, h)
+        return run
+    a, b = modelled(drive(1), 4, 1_000_000), modelled(drive(3), 4, 1_000_000)
+    assert a == b == pytest.approx(1.5 * 1_000_000 / 100e3 + 1.0)
+
+
+def test_each_message_holds_the_senders_port_for_the_overhead():
+    model = LinkModel(port_gbps=100.0, alpha_us=1.0, overhead_us=0.5)
+    f = Fabric(9, model)
+    f.open_window()
+    for dst in range(1, 9):  # eight empty messages posted at once
+        _send(f, 0, dst, dst, b"")
+        _recv(f, dst, 1, 0, 0)
+    assert f.close_window().time_us == pytest.approx(8 * 0.5 + 1.0)
 
 
 def test_simulate_of_no_traffic_is_zero():

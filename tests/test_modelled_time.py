@@ -40,4 +40,6 @@ def test_serial_algorithms_score_clearly_below_the_ring(evaluate):
         # at the largest size the ring moves 2 (p-1)/p of the buffer per rank; these move it 2 (p-1) times in a
         # row (chain) or through one rank's port (gather to rank 0)
         assert res.benchmark[-1].modelled.time_us > 2.5 * ref.benchmark[-1].modelled.time_us, name
-        assert compute_reward(res, ref.benchmark).reward < full - 0.1, name
+        # the reward is the geometric mean over the sizes; at 64 KiB (latency-bound) gathering to one rank takes
+        # 2 rounds against the ring's 2 (p-1), and wins there, as trees do in NCCL
+        assert compute_reward(res, ref.benchmark).reward < full - 0.05, name

@@ -11,15 +11,21 @@ class LinkModel(BaseModel):
 
     The default is one NVIDIA H200 per rank on an NVSwitch: 370 GB/s is what an SM copy kernel reached between two
     H200s (of 478 GB/s raw over 18 NVLinks; measured 2026-11-29 on the two-H200 machine), and 2 us per message is of the order
-    of a peer flag's round trip (1.66 us) plus a launch. Change both to model other hardware."""
+    of a peer flag's round trip (1.66 us) plus a launch; each message also holds its sender's port for 0.5 us (a
+    launch's or a descriptor's cost), so a thousand tiny messages are not free. Change them to model other
+    hardware."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = "h200-nvswitch"
     description: str = ("one NVIDIA H200 per rank on an NVSwitch: 370 GB/s per direction per GPU (an SM copy "
-                        "kernel's measured peer bandwidth, of 478 GB/s raw over 18 NVLinks), 2 us per message")
+                        "kernel's measured peer bandwidth, of 478 GB/s raw over 18 NVLinks), 2 us latency and "
+                        "0.5 us of the sender's port per message")
     port_gbps: float = Field(default=370.0, gt=0)
-    alpha_us: float = Field(default=2.0, ge=0)
+    alpha_us: float = Field(default=2.0, ge=0, description="latency of one message, from its start to its arrival "
+                            "beyond the bytes' own time")
+    overhead_us: float = Field(default=0.5, ge=0, description="time a message holds its sender's port beyond its "
+                               "bytes (LogGP's gap): posting many messages at once is not free")
 
     def transfer_us(self, nbytes: int) -> float:
         return nbytes / (self.port_gbps * 1e3)  # GB/s = 1e3 bytes per us
@@ -32,8 +38,10 @@ class LinkModel(BaseModel):
             return 0.0
         if kind == "allreduce":
             return 2 * (p - 1) * a + self.transfer_us(2 * (p - 1) * nbytes // p)
-        if kind in ("allgather", "reduce_scatter", "alltoall"):
+        if kind in ("allgather", "reduce_scatter"):
             return (p - 1) * a + self.transfer_us((p - 1) * nbytes // p)
+        if kind == "alltoall":  # every peer at once, as NCCL's all-to-all does
+            return a + (p - 1) * self.overhead_us + self.transfer_us((p - 1) * nbytes // p)
         if kind in ("broadcast", "reduce", "gather", "scatter"):
             return (p - 1) * a + self.transfer_us(nbytes)
         return 2 * a * max(1, (p - 1).bit_length())  # barrier: a dissemination barrier's rounds

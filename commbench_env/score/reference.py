@@ -18,7 +18,7 @@ from ..sandbox import SandboxProfile, open_sandbox
 # (2: GPU calls timed back-to-back after a warm-up, nccl-tests' iteration counts on GPUs, median of 3 runs;
 # 3: torch candidates run on their own thread with torch's intra-op thread count set: a matmul task's figures cached
 # by a judge between the two read 13x slower than now, so its reference scored a 10x speedup over itself).
-TIMING_VERSION = 5  # 4: CPU calls timed by the coordinator, GPU on the mean; 5: CPU scored on the modelled time
+TIMING_VERSION = 6  # 4: CPU timed by the coordinator, GPU on the mean; 5: CPU on the modelled time; 6: its port calendar
 GPU_RUNS = 3  # reference runs on a GPU; each size keeps its median run (one run's outliers moved rewards by 0.04)
 
 

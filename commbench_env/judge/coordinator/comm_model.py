@@ -10,9 +10,11 @@ the only kind that can depend on the waited data: the wait is where the dependen
 about itself is taken as a time. The simulation is a discrete-event run over those logs:
 
 - each rank has a clock, starting at 0 when the call's inputs are released; posting costs nothing;
-- a message from s to d starts when posted and when s's egress port and d's ingress port are free (one port per
-  direction per rank, full duplex, as each GPU's NVLink port on a switch), occupies both for nbytes / bandwidth,
-  and arrives alpha later;
+- a message from s to d starts at the earliest time from its posting on at which s's egress port and d's ingress
+  port are both free for it (one port per direction per rank, full duplex, as each GPU's NVLink port on a switch;
+  a message waiting for a busy receiver does not hold the sender's port, so the order of sends to different
+  peers matters little), occupies the sender's port for the per-message overhead plus nbytes / bandwidth and the
+  receiver's for nbytes / bandwidth, and arrives alpha later;
 - a wait moves the rank's clock to the completion of what it waits for;
 - a library collective (where the task allows one) starts when its last member joins and its members' ports are
   free, and takes NCCL's ring cost for its kind;
@@ -24,6 +26,7 @@ Local computation is not modelled: the figure is the communication schedule's ti
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
 
@@ -74,12 +77,46 @@ class ModelledCall:
     bytes_in: list[int] = field(default_factory=list)
 
 
+class Port:
+    """A port's calendar: the busy intervals of one direction of one rank's link, kept sorted."""
+
+    def __init__(self) -> None:
+        self.busy: list[tuple[float, float]] = []
+
+    def next_free(self, t: float, span: float) -> float:
+        """The earliest time >= t from which the port is free for `span`; if it is not free at t, the end of the
+        interval in the way (the caller checks again)."""
+        i = bisect.bisect_right(self.busy, (t, float("inf"))) - 1
+        for start, end in self.busy[max(i, 0):]:
+            if start >= t + span:
+                break
+            if end > t:
+                return end
+        return t
+
+    def take(self, t: float, span: float) -> None:
+        if span > 0:
+            bisect.insort(self.busy, (t, t + span))
+
+    def free_from(self) -> float:
+        return max((end for _, end in self.busy), default=0.0)
+
+
+def _earliest(ports: list[tuple[Port, float]], t: float) -> float:
+    """The earliest time >= t at which every (port, span) is free for its span."""
+    while True:
+        moved = max(port.next_free(t, span) for port, span in ports)
+        if moved <= t:
+            return t
+        t = moved
+
+
 def simulate(logs: list[list[Event]], model: LinkModel) -> ModelledCall:
     """Run the logs of one call (logs[rank], in issue order) on `model`. Deterministic: the same logs give the
     same figure, whatever order the coordinator saw the ranks' frames in. Ranks run in the order of their clocks
     (ties by a counter), so messages take the ports in the order they were posted."""
     world = len(logs)
-    egress, ingress = [0.0] * world, [0.0] * world
+    egress, ingress = [Port() for _ in range(world)], [Port() for _ in range(world)]
     finish: dict[tuple[int, int], float] = {}  # (rank, handle) -> completion of that operation
     last = [0.0] * world  # the latest completion of anything a rank took part in
     recv_of: dict[int, tuple[int, int]] = {}  # message -> (rank, handle) of its receive
@@ -120,10 +157,12 @@ def simulate(logs: list[list[Event]], model: LinkModel) -> ModelledCall:
         while pos[r] < len(log):
             ev, now = log[pos[r]], clock[r]
             if isinstance(ev, Send):
-                start = max(now, egress[r], ingress[ev.dst])
                 busy = model.transfer_us(ev.nbytes)
-                egress[r] = ingress[ev.dst] = start + busy
-                done = start + busy + model.alpha_us
+                out = busy + model.overhead_us
+                start = _earliest([(egress[r], out), (ingress[ev.dst], busy)], now)
+                egress[r].take(start, out)
+                ingress[ev.dst].take(start, busy)
+                done = start + out + model.alpha_us
                 completed((r, ev.handle), done)
                 if ev.msg in recv_of:
                     completed(recv_of[ev.msg], done)
@@ -137,10 +176,12 @@ def simulate(logs: list[list[Event]], model: LinkModel) -> ModelledCall:
                 joined = coll_members.setdefault(ev.coll, [])
                 joined.append((r, ev.handle, now))
                 if len(joined) == len(ev.members):
-                    start = max([j[2] for j in joined] + [max(egress[m], ingress[m]) for m in ev.members])
+                    start = max([j[2] for j in joined] + [max(egress[m].free_from(), ingress[m].free_from())
+                                                          for m in ev.members])
                     done = start + model.collective_us(ev.kind, len(ev.members), ev.nbytes)
-                    for m in ev.members:
-                        egress[m] = ingress[m] = done
+                    for m in ev.members:  # a library collective holds its members' ports throughout
+                        egress[m].take(start, done - start)
+                        ingress[m].take(start, done - start)
                     for rr, hh, _ in joined:
                         completed((rr, hh), done)
                     collectives += 1
