@@ -33,7 +33,7 @@ def test_card_is_complete(task):
         assert fn in t.starter and fn in view
         if t.card.language.value == "torch":
             assert f"def {fn}" in t.starter
-    if t.card.language.value == "torch":
+    if t.card.language.value == "torch" and "debugging" not in t.card.tags:  # debugging tasks start from broken code
         assert "NotImplementedError" in t.starter
     assert t.reference_source() not in view
     hidden = [c for c in t.card.cases if not c.visible]

@@ -6,7 +6,7 @@ import importlib
 
 from .base import CandidateError, GoldenOp
 
-_MODULES = ("p2p", "collectives", "moe", "fusion", "utility", "ep_patterns", "fusion_patterns")
+_MODULES = ("p2p", "collectives", "moe", "fusion", "utility", "ep_patterns", "fusion_patterns", "utility_patterns")
 _REGISTRY: dict[str, GoldenOp] = {}
 
 
