@@ -231,7 +231,8 @@ class Evaluation:
         metric = self.card.performance.metric
         shown = algbw if metric == "algbw" else busbw
         pct = 100 * shown / model.port_gbps if metric in ("busbw", "algbw") and shown > 0 else None
-        return ModelledTime(link_model=model.name, port_gbps=model.port_gbps, alpha_us=model.alpha_us, time_us=t_us,
+        return ModelledTime(link_model=model.name, port_gbps=model.port_gbps, alpha_us=model.alpha_us,
+                            overhead_us=model.overhead_us, time_us=t_us,
                             algbw_gbps=algbw, busbw_gbps=busbw, roofline_pct=pct, messages=mid.messages,
                             bytes_moved=mid.bytes_moved, collectives=mid.collectives,
                             max_rank_bytes_out=max(mid.bytes_out, default=0),

@@ -85,7 +85,8 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
         latency = r.metric == "latency"
         lines += ["", f"benchmark, modelled (the CPU reward scores this): your calls' messages, in the order and "
                   f"with the dependencies they had, timed on {m.link_model} ({m.port_gbps:g} GB/s per direction per "
-                  f"rank, {m.alpha_us:g} us per message); the same code gives the same figure every run; local "
+                  f"rank, {m.alpha_us:g} us latency and {m.overhead_us:g} us of the sender's port per message); the "
+                  "same code gives the same figure every run; local "
                   "computation is not counted; wall_us is this machine's clock, for reference only:",
                   f"  {'size':>12} {'model_us':>10}" + ("" if latency else f" {'algbw GB/s':>11} {'busbw GB/s':>11} "
                                                          f"{'of link':>7}")
@@ -99,6 +100,9 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
             lines.append(f"  {s.size_bytes:>12} {mt.time_us:>10.2f}"
                          + ("" if latency else f" {mt.algbw_gbps:>11.2f} {mt.busbw_gbps:>11.2f} {pct:>7}")
                          + f" {mt.messages + mt.collectives:>8} {mt.max_rank_bytes_out:>10} {s.time_us:>10.0f}  {ok}")
+        if r.metric == "tflops":
+            lines.append("  this task's metric is TFLOP/s, but on CPUs only communication is modelled: the reward "
+                         "compares the modelled times above (computation counts on GPUs)")
         varied = [s for s in modelled if s.modelled.spread_us > 0]
         if varied:
             lines.append("  your calls communicated differently from call to call at "

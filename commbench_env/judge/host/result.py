@@ -90,6 +90,7 @@ class ModelledTime(StrictModel):
     link_model: str = Field(description="the sandbox profile's link model, e.g. h200-nvswitch")
     port_gbps: float
     alpha_us: float
+    overhead_us: float = 0.0
     time_us: float
     algbw_gbps: float
     busbw_gbps: float
