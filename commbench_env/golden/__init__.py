@@ -6,7 +6,8 @@ import importlib
 
 from .base import CandidateError, GoldenOp
 
-_MODULES = ("p2p", "collectives", "moe", "fusion", "utility", "ep_patterns", "fusion_patterns", "utility_patterns")
+_MODULES = ("p2p", "collectives", "moe", "fusion", "utility", "ep_patterns", "fusion_patterns", "utility_patterns",
+            "collective_algorithms")
 _REGISTRY: dict[str, GoldenOp] = {}
 
 
