@@ -29,7 +29,7 @@ from typing import Any
 from .comm_model import Collective, Event, LinkModel, ModelledCall, Recv, Send, Wait, simulate
 
 WORLD_GROUP = "0"
-MAX_BUFFERED = 1 << 30  # bytes sent and not yet received, over all ranks
+MAX_BUFFERED = 1 << 30  # bytes sent and not yet received, or given to collectives not yet complete, over all ranks
 MAX_GROUPS = 1024
 
 # Collective kind -> the ProcessGroup methods that reach it (a card forbids methods; rules.expand_forbidden).
@@ -283,6 +283,10 @@ class Fabric:
             raise FabricError(rank, f"mismatched collectives: collective #{seq + 1} on the {what} is "
                               f"{KIND_NAMES[kind]} {_show(signature)} on rank {rank} but "
                               f"{KIND_NAMES[state.kind]} {_show(state.signature)} on rank {state.first}")
+        if self.buffered + len(payload) > MAX_BUFFERED:
+            raise FabricError(rank, f"rank {rank} has more than {MAX_BUFFERED >> 20} MiB in messages and collectives "
+                              "that are not finished")
+        self.buffered += len(payload)
         event = Collective(handle=h, coll=state.number, kind=kind,
                            members=members, nbytes=0)
         self._log(rank, event)
@@ -292,6 +296,7 @@ class Fabric:
         if len(state.joined) < len(members):
             return []
         results, nbytes = _run_collective(state)
+        self.buffered -= sum(len(p) for _, _, p in state.joined.values())
         for ev in state.events:
             ev.nbytes = nbytes
         del self.colls[(group, seq)]
