@@ -6,8 +6,8 @@ import importlib
 
 from .base import CandidateError, GoldenOp
 
-_MODULES = ("p2p", "collectives", "moe", "fusion", "utility", "ep_patterns", "fusion_patterns", "utility_patterns",
-            "collective_algorithms")
+_MODULES = ("p2p", "collectives", "moe", "fusion", "utility", "p2p_patterns", "collective_algorithms",
+            "utility_patterns", "ep_patterns", "fusion_patterns")
 _REGISTRY: dict[str, GoldenOp] = {}
 
 

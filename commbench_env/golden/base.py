@@ -25,6 +25,35 @@ DTYPE_MAP: dict[str, torch.dtype] = {
 }
 
 
+def int_param(case: "CaseSpec", key: str, default: int | None = None, low: int | None = None,
+              high: int | None = None, *, optional: bool = False) -> int | None:
+    """`case.params[key]` as an integer within [low, high]; None when absent and `optional` with no default. A card
+    error names the parameter (cards are validated on load)."""
+    v = case.params.get(key, default)
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"params.{key} must be an integer, got {v!r}")
+    if low is not None and v < low:
+        raise ValueError(f"params.{key} must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise ValueError(f"params.{key} must be <= {high}, got {v}")
+    return v
+
+
+def num_param(case: "CaseSpec", key: str, default: float, low: float | None = None,
+              high: float | None = None) -> float:
+    """`case.params[key]` as a number within [low, high]."""
+    v = case.params.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"params.{key} must be a number, got {v!r}")
+    if low is not None and v < low:
+        raise ValueError(f"params.{key} must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise ValueError(f"params.{key} must be <= {high}, got {v}")
+    return float(v)
+
+
 def to_dtype(name: str) -> torch.dtype:
     return DTYPE_MAP[name]
 

@@ -8,21 +8,14 @@ import math
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, int_range, narrow, rand, to_dtype, wide
+from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, int_range, narrow, rand, to_dtype, wide
 from .compare import compare_tensor, first_mismatch
+
+_int_param = int_param
 
 
 def _elem(dtype: str) -> int:
     return torch.empty((), dtype=to_dtype(dtype)).element_size()
-
-
-def _int_param(case, key: str, default: int | None = None, low: int | None = None) -> int:
-    v = case.params.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"params.{key} must be an integer, got {v!r}")
-    if low is not None and v < low:
-        raise ValueError(f"params.{key} must be >= {low}, got {v}")
-    return v
 
 
 def _float_param(case, key: str, default: float, low: float, high: float) -> float:

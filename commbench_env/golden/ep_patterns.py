@@ -519,7 +519,7 @@ class EpMoeLayerForward(GoldenOp):
         return {"y": expect_tensor(y, "moe_layer_forward's return value")}
 
     def expected(self, case, world, inputs):
-        epr, k = int(case.params["experts_per_rank"]), int(case.params["topk"])
+        k = int(case.params["topk"])
         w1 = torch.cat([wide(i["w1"]) for i in inputs])  # [E, d, f], expert e at e
         w3 = torch.cat([wide(i["w3"]) for i in inputs])
         w2 = torch.cat([wide(i["w2"]) for i in inputs])

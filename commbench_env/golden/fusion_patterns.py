@@ -14,34 +14,15 @@ import math
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, narrow, rand, to_dtype, wide
+from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, narrow, num_param, rand, to_dtype, wide
+
+_int_param = functools.partial(int_param, optional=True)
+_num_param = num_param
 
 
 # ---- parameter helpers -------------------------------------------------------------------------------------------
 def _elem(dtype: str) -> int:
     return torch.empty((), dtype=to_dtype(dtype)).element_size()
-
-
-def _int_param(case, key: str, *, default=None, low: int | None = None):
-    v = case.params.get(key, default)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"params.{key} must be an integer, got {v!r}")
-    if low is not None and v < low:
-        raise ValueError(f"params.{key} must be >= {low}, got {v}")
-    return v
-
-
-def _num_param(case, key: str, *, default: float, low: float | None = None, high: float | None = None) -> float:
-    v = case.params.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"params.{key} must be a number, got {v!r}")
-    if low is not None and v < low:
-        raise ValueError(f"params.{key} must be >= {low}, got {v}")
-    if high is not None and v > high:
-        raise ValueError(f"params.{key} must be <= {high}, got {v}")
-    return float(v)
 
 
 def _bool_param(case, key: str, *, default: bool) -> bool:

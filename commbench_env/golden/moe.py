@@ -3,36 +3,17 @@ top-k dispatch layout, dispatch and combine of kernel-level tasks), and expert w
 
 from __future__ import annotations
 
+import functools
+
 import operator
 
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, narrow, rand, to_dtype, wide
+from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, narrow, num_param, rand, to_dtype, wide
 
-
-def _int_param(case, key: str, *, default=None, low: int | None = None, high: int | None = None):
-    v = case.params.get(key, default)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"params.{key} must be an integer, got {v!r}")
-    if low is not None and v < low:
-        raise ValueError(f"params.{key} must be >= {low}, got {v}")
-    if high is not None and v > high:
-        raise ValueError(f"params.{key} must be <= {high}, got {v}")
-    return v
-
-
-def _num_param(case, key: str, *, default: float, low: float | None = None, high: float | None = None) -> float:
-    v = case.params.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"params.{key} must be a number, got {v!r}")
-    if low is not None and v < low:
-        raise ValueError(f"params.{key} must be >= {low}, got {v}")
-    if high is not None and v > high:
-        raise ValueError(f"params.{key} must be <= {high}, got {v}")
-    return float(v)
+_int_param = functools.partial(int_param, optional=True)
+_num_param = num_param
 
 
 def _shared_seed(*parts: int) -> int:

@@ -10,8 +10,11 @@ import torch
 import torch.distributed as dist
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, narrow, rand, to_dtype, wide
+from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, narrow, rand, to_dtype, wide
+
 from .collectives import AllGatherCat
+
+_int_param = int_param
 
 # Captured when the judge imports the golden ops, i.e. before the rank installs its tripwires. A forbidden
 # `all_reduce` replaces both `torch.distributed.all_reduce` and the ProcessGroup method `allreduce` that it calls,
@@ -25,13 +28,6 @@ _CLOCK = time.monotonic_ns  # CLOCK_MONOTONIC is one clock for every process of 
 _SLEEP = time.sleep
 
 PICKS = 256  # elements of the output a timed iteration sends back for checking
-
-
-def _int_param(case, key: str, default: int | None = None) -> int:
-    v = case.params.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"params.{key} must be an integer, got {v!r}")
-    return v
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -12,37 +12,24 @@ The other debugging tasks reuse the ops of collectives.py (all_to_all, reduce_sc
 
 from __future__ import annotations
 
+import functools
+
 import math
 
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, narrow, to_dtype, wide
-from .compare import compare_tensor, first_mismatch
+from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, narrow, num_param, to_dtype, wide
+from .compare import first_mismatch
+
+_int_param = functools.partial(int_param, optional=True)
+_num_param = num_param
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _elem(dtype: str) -> int:
     return torch.empty((), dtype=to_dtype(dtype)).element_size()
-
-
-def _int_param(case, key: str, default: int | None = None, low: int | None = None) -> int | None:
-    v = case.params.get(key, default)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"params.{key} must be an integer, got {v!r}")
-    if low is not None and v < low:
-        raise ValueError(f"params.{key} must be >= {low}, got {v}")
-    return v
-
-
-def _num_param(case, key: str, default: float) -> float:
-    v = case.params.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"params.{key} must be a number, got {v!r}")
-    return float(v)
 
 
 def _pair(value, what: str, low: int) -> tuple[int, int]:
