@@ -125,8 +125,30 @@ def _attention_flops(lens: list[int], heads: int, dim: int, causal: bool, world:
     return 4.0 * pairs * heads * dim / world
 
 
+class _AttentionOp(GoldenOp):
+    """What the attention ops share: benchmark cases of one query block per rank, and its bytes as the metric."""
+
+    bench_heads: int = 8
+    bench_head_dim: int = 64
+
+    def size_case(self, perf, size_bytes, world):
+        """`size_bytes` is one rank's query block, n * heads * head_dim elements."""
+        from ..cards import CaseSpec
+
+        params = dict(perf.params)
+        heads = int(params.pop("heads", self.bench_heads))
+        dim = int(params.pop("head_dim", self.bench_head_dim))
+        n = max(1, size_bytes // (heads * dim * _elem(perf.dtype)))
+        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[n, heads, dim], dtype=perf.dtype,
+                        params=params)
+
+    def metric_bytes(self, case, world):
+        n, heads, dim = (int(s) for s in case.shape)
+        return n * heads * dim * _elem(case.dtype)
+
+
 @register
-class RingAttention(GoldenOp):
+class RingAttention(_AttentionOp):
     """`ring_attention(q, k, v, seq_lens, causal) -> out`: context-parallel attention over sequence blocks.
 
     case.shape = [n, H, D]: n tokens per rank (before params.last_len / ragged_seed), H query heads, head dim D.
@@ -202,27 +224,13 @@ class RingAttention(GoldenOp):
         outs, lses = _attention_rows(world, inputs, lens, bool(case.params.get("causal", True)), picks, lse_picks)
         return [{"lse": narrow(l, case.dtype), "out": narrow(o, case.dtype)} for o, l in zip(outs, lses)]
 
-    def size_case(self, perf, size_bytes, world):
-        """`size_bytes` is one rank's query block, n * heads * head_dim elements."""
-        from ..cards import CaseSpec
-
-        params = dict(perf.params)
-        heads, dim = int(params.pop("heads", 8)), int(params.pop("head_dim", 64))
-        n = max(1, size_bytes // (heads * dim * _elem(perf.dtype)))
-        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[n, heads, dim], dtype=perf.dtype,
-                        params=params)
-
-    def metric_bytes(self, case, world):
-        n, heads, dim = (int(s) for s in case.shape)
-        return n * heads * dim * _elem(case.dtype)
-
     def flops(self, case, world):
         _, heads, dim = (int(s) for s in case.shape)
         return _attention_flops(self.seq_lens(case, world), heads, dim, bool(case.params.get("causal", True)), world)
 
 
 @register
-class UlyssesAttention(GoldenOp):
+class UlyssesAttention(_AttentionOp):
     """`ulysses_attention(q, k, v, causal) -> out`: attention over a sequence split evenly over ranks.
 
     case.shape = [n, H, D]: every rank holds n consecutive positions (rank r: r*n .. r*n + n - 1) of q, k, v
@@ -232,6 +240,7 @@ class UlyssesAttention(GoldenOp):
     """
 
     name = "ulysses_attention"
+    bench_heads, bench_head_dim = 32, 128
     nccl_op = None
     functions = ("ulysses_attention",)
     PARAMS = {"causal", "q_scale"}
@@ -265,20 +274,6 @@ class UlyssesAttention(GoldenOp):
         picks = [pick(r, "out", n * heads * dim) for r in range(world)]
         outs, _ = _attention_rows(world, inputs, [n] * world, bool(case.params.get("causal", False)), picks)
         return [{"out": narrow(x, case.dtype)} for x in outs]
-
-    def size_case(self, perf, size_bytes, world):
-        """`size_bytes` is one rank's query block, n * heads * head_dim elements."""
-        from ..cards import CaseSpec
-
-        params = dict(perf.params)
-        heads, dim = int(params.pop("heads", 32)), int(params.pop("head_dim", 128))
-        n = max(1, size_bytes // (heads * dim * _elem(perf.dtype)))
-        return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[n, heads, dim], dtype=perf.dtype,
-                        params=params)
-
-    def metric_bytes(self, case, world):
-        n, heads, dim = (int(s) for s in case.shape)
-        return n * heads * dim * _elem(case.dtype)
 
     def flops(self, case, world):
         n, heads, dim = (int(s) for s in case.shape)
