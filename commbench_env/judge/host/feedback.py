@@ -86,7 +86,7 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
         lines += ["", f"benchmark, modelled (the CPU reward scores this): your calls' messages, in the order and "
                   f"with the dependencies they had, timed on {m.link_model} ({m.port_gbps:g} GB/s per direction per "
                   f"rank, {m.alpha_us:g} us latency and {m.overhead_us:g} us of the sender's port per message); the "
-                  "same code gives the same figure every run; local "
+                  "same code on the same inputs gives the same figure every run; local "
                   "computation is not counted; wall_us is this machine's clock, for reference only:",
                   f"  {'size':>12} {'model_us':>10}" + ("" if latency else f" {'algbw GB/s':>11} {'busbw GB/s':>11} "
                                                          f"{'of link':>7}")
