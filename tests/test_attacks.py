@@ -104,7 +104,8 @@ def test_a_collective_written_on_the_channel_is_refused_by_the_coordinator(evalu
 def test_data_outside_messages_reaches_no_rank(evaluate):
     res = evaluate(TASK, ATTACKS / "runtime_fabric_smuggle.py", mode="check", static_check=False)
     assert res.verdict == Verdict.runtime_error, res.feedback()
-    assert "unknown fabric operation 'peek'" in res.summary
+    # refused at its first invented frame: a group name long enough to carry data, or the made-up operation
+    assert "malformed name" in res.summary or "unknown fabric operation 'peek'" in res.summary
     assert compute_reward(res, None).reward == 0.0
 
 

@@ -80,7 +80,7 @@ def test_browse_a_run(run_dir, tmp_path):
             assert "Submitted. Reward" in page.inner_text("#feedback")
             assert "reference us" in page.inner_text("#bench")  # figures against the reference, per size
             assert "of roofline" in page.inner_text("#bench")  # and against the roofline (none on CPU)
-            assert "none (CPU mode)" in page.inner_text("#roofline")
+            assert "the link model h200-nvswitch" in page.inner_text("#roofline")  # CPU figures are modelled
             page.screenshot(path=str(tmp_path / "episode.png"))
             browser.close()
     finally:
@@ -121,6 +121,7 @@ def test_an_emulated_all_gather_turn_says_why_busbw_cannot_reach_the_whole_share
                               "per_rank_gbps": 1000.0, "emulated": True}
             for b in jr["benchmark"]:
                 b["roofline_gbps"], b["roofline_pct"] = 500.0, 88.0
+                b["modelled"] = None  # GPU figures are measured, never modelled
     run = tmp_path / "gpu-run" / "traces"
     run.mkdir(parents=True)
     (run / src.name).write_text("".join(json.dumps(r) + "\n" for r in records))
