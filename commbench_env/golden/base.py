@@ -41,6 +41,14 @@ def int_param(case: "CaseSpec", key: str, default: int | None = None, low: int |
     return v
 
 
+def bool_param(case: "CaseSpec", key: str, default: bool) -> bool:
+    """`case.params[key]` as true or false."""
+    v = case.params.get(key, default)
+    if not isinstance(v, bool):
+        raise ValueError(f"params.{key} must be true or false, got {v!r}")
+    return v
+
+
 def num_param(case: "CaseSpec", key: str, default: float, low: float | None = None,
               high: float | None = None) -> float:
     """`case.params[key]` as a number within [low, high]."""

@@ -14,22 +14,17 @@ import math
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, narrow, num_param, rand, to_dtype, wide
+from .base import (CandidateError, GoldenOp, bool_param, expect_tensor, generator, int_param, narrow, num_param, rand,
+                   to_dtype, wide)
 
 _int_param = functools.partial(int_param, optional=True)
 _num_param = num_param
+_bool_param = bool_param
 
 
 # ---- parameter helpers -------------------------------------------------------------------------------------------
 def _elem(dtype: str) -> int:
     return torch.empty((), dtype=to_dtype(dtype)).element_size()
-
-
-def _bool_param(case, key: str, *, default: bool) -> bool:
-    v = case.params.get(key, default)
-    if not isinstance(v, bool):
-        raise ValueError(f"params.{key} must be true or false, got {v!r}")
-    return v
 
 
 def _known_params(case, known: set[str]) -> None:

@@ -14,11 +14,13 @@ import operator
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, narrow, num_param, rand, to_dtype, wide
+from .base import (CandidateError, GoldenOp, bool_param, expect_tensor, generator, int_param, narrow, num_param, rand,
+                   to_dtype, wide)
 from .compare import compare_tensor, first_mismatch
 
 _int_param = functools.partial(int_param, optional=True)
 _num_param = num_param
+_bool_param = bool_param
 
 
 def _elem(dtype: str | torch.dtype) -> int:
@@ -32,13 +34,6 @@ def _shared_seed(*parts: int) -> int:
     for p in parts:
         s = (s * 0x100000001B3 ^ (int(p) & 0xFFFF_FFFF_FFFF)) & 0x7FFF_FFFF_FFFF_FFFF
     return s
-
-
-def _bool_param(case, key: str, default: bool) -> bool:
-    v = case.params.get(key, default)
-    if not isinstance(v, bool):
-        raise ValueError(f"params.{key} must be true or false, got {v!r}")
-    return v
 
 
 def _check_params(case, allowed: set[str]) -> None:
