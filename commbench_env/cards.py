@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .config import StrictModel, load_model, read_toml
 from .errors import CardError, NotFoundError
+from .judge.link_model import LINK_MODELS, LinkModel
 from .paths import CUDA_HEADER_DIR, tasks_dir
 
 CARD_FILE = "task.toml"
@@ -160,11 +161,17 @@ class PerformanceSpec(StrictModel):
                                   "move more bytes than the metric counts (an LL line: 8 bytes stored per 4 of "
                                   "data); roofline_pct is against roofline x bound")
     roofline_reason: str = Field(default="", description="why roofline_bound is below 1, shown with the figures")
+    link_model: str | None = Field(default=None, description="a preset of judge/link_model.py's LINK_MODELS that CPU "
+                                   "evaluations of this task model instead of the sandbox profile's, where the "
+                                   "problem is set on other hardware (a cluster whose messages cost more than "
+                                   "their bytes); the prompt states it")
 
     @model_validator(mode="after")
     def _bound_has_reason(self) -> "PerformanceSpec":
         if self.roofline_bound < 1 and not self.roofline_reason.strip():
             raise ValueError("roofline_bound below 1 needs a roofline_reason saying why")
+        if self.link_model is not None and self.link_model not in LINK_MODELS:
+            raise ValueError(f"link_model {self.link_model!r} is not a preset; choose one of {sorted(LINK_MODELS)}")
         return self
 
     @field_validator("sizes", "gpu_sizes")
@@ -311,6 +318,11 @@ class Task:
         """The expert solution. Host-side only: never written into a candidate's sandbox."""
         return self._reference_path.read_text()
 
+    def link_model(self, profile_model: LinkModel) -> LinkModel:
+        """The fabric this task's CPU evaluations model: the card's preset where it names one, else the profile's."""
+        name = self.card.performance.link_model
+        return LINK_MODELS[name] if name else profile_model
+
     def unsupported(self, mode: str) -> str | None:
         """Why this task cannot serve judge `mode` (the agent's slip, answered without a judge run), or None."""
         lang = self.card.language.value
@@ -397,6 +409,13 @@ class Task:
             lines.append("- algbw = size / time and busbw = algbw x the operation's bus factor, as nccl-tests defines "
                          "them (2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for "
                          "broadcast and point-to-point; n = world size).")
+        fabric = LINK_MODELS[p.link_model] if p.link_model else None
+        lines.append("- In device mode cpu the time is modelled, not measured: the judge carries every message and "
+                     "times the messages your ranks post, in their order and with their dependencies, on "
+                     + (f"{fabric.description}." if fabric else "the sandbox profile's link model (by default "
+                        f"{LinkModel().description}).")
+                     + " A message holds its sender's and its receiver's port for its bytes, and its sender's for "
+                       "the per-message cost; library collectives cost what NCCL's ring costs there.")
         if p.gpu_sizes:
             lines.append(f"- on GPUs the sizes are {', '.join(_fmt_bytes(s) for s in p.gpu_sizes)}.")
         if c.language == Language.cuda:

@@ -144,3 +144,11 @@ def test_a_roofline_bound_below_one_needs_its_reason_and_is_shown_with_the_figur
                       roofline_reason="an LL line stores 8 bytes per 4 of data",
                       roofline=Roofline(name="device copy", gbps=800.0, per_rank_gbps=400.0, emulated=True))
     assert "this task's bound is 0.5 of it (an LL line stores 8 bytes per 4 of data)" in res.feedback()
+
+
+def test_a_link_model_a_card_names_must_be_a_preset():
+    from commbench_env.cards import PerformanceSpec
+
+    with pytest.raises(ValueError, match="'infiniband' is not a preset; choose one of"):
+        PerformanceSpec(sizes=[1024], link_model="infiniband")
+    assert PerformanceSpec(sizes=[1024], link_model="host-posted-cluster").link_model == "host-posted-cluster"

@@ -43,3 +43,31 @@ def test_serial_algorithms_score_clearly_below_the_ring(evaluate):
         # the reward is the geometric mean over the sizes; at 64 KiB (latency-bound) gathering to one rank takes
         # 2 rounds against the ring's 2 (p-1), and wins there, as trees do in NCCL
         assert compute_reward(res, ref.benchmark).reward < full - 0.05, name
+
+
+def test_a_card_that_names_a_link_model_is_timed_and_described_on_it(evaluate, tmp_path):
+    """A task set on a host cluster (`[performance] link_model`) is modelled on that preset, not the profile's:
+    the same ring's messages cost what that fabric charges, and its prompt says so."""
+    import shutil
+
+    from commbench_env.cards import load_task_dir
+    from commbench_env.judge.link_model import HOST_POSTED_CLUSTER
+
+    root = tmp_path / "collective" / "allreduce_ring"
+    shutil.copytree(load_task_dir_path(TASK), root)
+    card = root / "task.toml"
+    card.write_text(card.read_text().replace("[performance]\n", '[performance]\nlink_model = "host-posted-cluster"\n'))
+    task = load_task_dir(root)
+    assert HOST_POSTED_CLUSTER.description in task.agent_view()
+    res = evaluate(task, mode="benchmark", world=4)
+    assert res.verdict == Verdict.passed, res.feedback()
+    small = res.benchmark[0].modelled
+    assert small.link_model == "host-posted-cluster" and small.port_gbps == 12.5
+    # 2 (p-1) = 6 rounds of one message each: every round costs at least the sender's 8 us and the 3 us latency
+    assert small.time_us >= 6 * (8.0 + 3.0)
+
+
+def load_task_dir_path(task_id: str):
+    from commbench_env.paths import tasks_dir
+
+    return tasks_dir() / task_id

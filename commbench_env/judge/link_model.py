@@ -45,3 +45,16 @@ class LinkModel(BaseModel):
         if kind in ("broadcast", "reduce", "gather", "scatter"):
             return (p - 1) * a + self.transfer_us(nbytes)
         return 2 * a * max(1, (p - 1).bit_length())  # barrier: a dissemination barrier's rounds
+
+
+HOST_POSTED_CLUSTER = LinkModel(
+    name="host-posted-cluster",
+    description=("one host per rank on a 100 Gb/s Ethernet switch, messages posted by the host CPU through its "
+                 "kernel's network stack: 12.5 GB/s per direction per rank, 3 us latency and 8 us of the sender's "
+                 "port per message (posting one costs more than its flight), as MPI over TCP sees it"),
+    port_gbps=12.5, alpha_us=3.0, overhead_us=8.0)
+
+LINK_MODELS: dict[str, LinkModel] = {m.name: m for m in (LinkModel(), HOST_POSTED_CLUSTER)}
+"""Link models a task card may name (`[performance] link_model`) when its problem is set on other hardware than
+the sandbox profile's: algorithms that save messages (recursive doubling, Bruck) are the expert answer only where
+a message costs more than its bytes."""

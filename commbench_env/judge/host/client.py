@@ -113,7 +113,7 @@ class JudgeClient:
                            secret=(secret or secrets.token_bytes(32)).hex(), workdir=eval_dir,
                            source_hash=source_hash(files), timeout_s=timeout_s, memory_mb=prof.limits.memory_mb,
                            threads_per_rank=prof.threads_per_rank, static_check=static_check,
-                           accept_weak_isolation=prof.accept_weak_isolation, link_model=prof.link_model,
+                           accept_weak_isolation=prof.accept_weak_isolation, link_model=task.link_model(prof.link_model),
                            cache_dir=os.path.join(self.sandbox.workdir, "cuda-cache"))
         limit = (timeout_s or task.card.limits.timeout_s) + JUDGE_MARGIN_S
         args = ["run", "--timeout", str(limit)]
