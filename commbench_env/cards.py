@@ -410,12 +410,13 @@ class Task:
                          "them (2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for "
                          "broadcast and point-to-point; n = world size).")
         fabric = LINK_MODELS[p.link_model] if p.link_model else None
-        lines.append("- In device mode cpu the time is modelled, not measured: the judge carries every message and "
-                     "times the messages your ranks post, in their order and with their dependencies, on "
-                     + (f"{fabric.description}." if fabric else "the sandbox profile's link model (by default "
-                        f"{LinkModel().description}).")
-                     + " A message holds its sender's and its receiver's port for its bytes, and its sender's for "
-                       "the per-message cost; library collectives cost what NCCL's ring costs there.")
+        if DeviceMode.cpu in c.world.device_modes:
+            lines.append("- In device mode cpu the time is modelled, not measured: the judge carries every message "
+                         "and times the messages your ranks post, in their order and with their dependencies, on "
+                         + (f"{fabric.description}." if fabric else "the sandbox profile's link model (by "
+                            f"default {LinkModel().description}).")
+                         + " A message holds its sender's and its receiver's port for its bytes, and its sender's "
+                           "for the per-message cost; library collectives cost what NCCL's ring costs there.")
         if p.gpu_sizes:
             lines.append(f"- on GPUs the sizes are {', '.join(_fmt_bytes(s) for s in p.gpu_sizes)}.")
         if c.language == Language.cuda:
