@@ -409,8 +409,8 @@ class Task:
             lines.append("- algbw = size / time and busbw = algbw x the operation's bus factor, as nccl-tests defines "
                          "them (2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for "
                          "broadcast and point-to-point; n = world size).")
-        fabric = LINK_MODELS[p.link_model] if p.link_model else None
         if DeviceMode.cpu in c.world.device_modes:
+            fabric = LINK_MODELS[p.link_model] if p.link_model else None
             lines.append("- In device mode cpu the time is modelled, not measured: the judge carries every message "
                          "and times the messages your ranks post, in their order and with their dependencies, on "
                          + (f"{fabric.description}." if fabric else "the sandbox profile's link model (by "
