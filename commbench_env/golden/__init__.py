@@ -7,7 +7,7 @@ import importlib
 from .base import CandidateError, GoldenOp
 
 _MODULES = ("p2p", "collectives", "moe", "fusion", "utility", "p2p_patterns", "collective_algorithms",
-            "utility_patterns", "ep_patterns", "fusion_patterns", "ep_sparse")
+            "utility_patterns", "ep_patterns", "fusion_patterns", "ep_sparse", "fusion_vocab", "fusion_attention")
 _REGISTRY: dict[str, GoldenOp] = {}
 
 
