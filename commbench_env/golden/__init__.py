@@ -7,7 +7,8 @@ import importlib
 from .base import CandidateError, GoldenOp
 
 _MODULES = ("p2p", "collectives", "moe", "fusion", "utility", "p2p_patterns", "collective_algorithms",
-            "utility_patterns", "ep_patterns", "fusion_patterns", "ep_sparse", "fusion_vocab", "fusion_attention")
+            "utility_patterns", "ep_patterns", "fusion_patterns", "ep_sparse", "fusion_vocab", "fusion_attention",
+            "utility_data")
 _REGISTRY: dict[str, GoldenOp] = {}
 
 
