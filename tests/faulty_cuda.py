@@ -43,4 +43,12 @@ FAULTS = {f.name: f for f in (
     Fault("collective/allreduce_twoshot", "no_wait_race", "a race: the two-shot without its wait for the peers", (
         ("    while (static_cast<int32_t>(ld_acquire_sys(f) - a.epoch) < 0) {\n    }",
          "    (void)f;  // BUG: no wait, so peers' slices are read before they are reduced"),)),
+    Fault("utility/vector_copy_widths", "tail_word_overrun",
+          "the body rounds up: its last 16-byte store spills past the window", (
+        ("const int64_t nb = (nbytes - head) / 16;",
+         "const int64_t nb = (nbytes - head + 15) / 16;  // BUG: should round down"),)),
+    Fault("utility/tma_bulk_copy", "stale_stage_phase",
+          "waits on the wrong mbarrier phase: a reused stage is read before its new rows land", (
+        ("mbar_wait(smem_u32(&bar[s]), static_cast<uint32_t>((i / kStages) & 1));",
+         "mbar_wait(smem_u32(&bar[s]), 0u);  // BUG: should be parity (i / kStages) & 1"),)),
 )}
