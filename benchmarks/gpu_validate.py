@@ -27,7 +27,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from commbench_env.cards import select_tasks
+from commbench_env.cards import DeviceMode, select_tasks
 from commbench_env.errors import CommBenchError
 from commbench_env.judge.host.client import JudgeClient
 from commbench_env.sandbox import load_profile, open_sandbox
@@ -36,6 +36,7 @@ PROFILES = {"cuda": "local-gpu", "cuda-shared": "local-gpu-shared"}
 # references that only move bytes: in cuda-shared at >= 64 MiB they must reach COPY_TARGET of the device copy
 COPY_TASKS = ("p2p/ipc_pull_copy", "p2p/ipc_push_copy", "p2p/tma_bulk_push", "collective/allgather_fullmesh")
 COPY_TARGET_PCT = 70.0
+WAITING = "waiting: needs 2 or more GPUs (one rank per GPU)"
 
 
 def machine_header() -> list[str]:
@@ -106,7 +107,7 @@ def main() -> None:
 
     def write_report(final: bool) -> int:
         """The markdown table so far (rewritten after every row, so a run cut short keeps what it measured)."""
-        failures = sum(not r[4].startswith("yes") for r in rows)
+        failures = sum(not r[4].startswith("yes") and r[4] != WAITING for r in rows)
         md = ["# GPU validation of task references", "", *header, "",
               "Figures in `cuda-shared` are emulated (all ranks on one GPU) and bounded by its copy bandwidth. "
               "Extended calls: timed calls whose clock ran on to a device-wide sync (work outlived the stop event; "
@@ -128,7 +129,12 @@ def main() -> None:
 
     for mode in a.modes.split(","):
         if mode == "cuda" and gpus < 2:
-            console.print("[yellow]skipping mode cuda: it needs at least 2 GPUs[/]")
+            # listed, not judged: the table says which tasks this machine cannot validate and why
+            waiting = [t for t in select_tasks(a.tasks, device_mode=mode)
+                       if DeviceMode.cuda_shared not in t.card.world.device_modes]
+            console.print(f"[yellow]mode cuda needs at least 2 GPUs: {len(waiting)} task(s) that run only in it are "
+                          "listed as waiting[/]")
+            rows += [(t.id, t.card.language.value, mode, "-", WAITING, "-", "-", "-", "-") for t in waiting]
             continue
         profile = load_profile(PROFILES[mode])
         if a.trace:
