@@ -51,4 +51,41 @@ FAULTS = {f.name: f for f in (
           "waits on the wrong mbarrier phase: a reused stage is read before its new rows land", (
         ("mbar_wait(smem_u32(&bar[s]), static_cast<uint32_t>((i / kStages) & 1));",
          "mbar_wait(smem_u32(&bar[s]), 0u);  // BUG: should be parity (i / kStages) & 1"),)),
+    Fault("p2p/put_with_signal", "no_signal_wait",
+          "a race: the receiver reads its scratch without waiting for the sender's signal", (
+        ("        while (seen < need) seen = ld_acquire_sys(a.recv_signal + warp);",
+         "        (void)need;  // BUG: no wait, so the payload is read before it has arrived"),)),
+    Fault("p2p/credit_ring_buffer", "no_credit_wait",
+          "the producer refills ring slots without waiting for the consumer's credits", (
+        ("          while (seen < need) seen = ld_acquire_sys(a.recv_credit + c);",
+         "          (void)need;  // BUG: no credit wait, so slots are overwritten before they were read"),)),
+    Fault("collective/allreduce_ll_small", "constant_ll_flag",
+          "LL lines carry a constant flag instead of the epoch: lines left by an earlier call look fresh", (
+        ("const uint64_t tag = static_cast<uint64_t>(a.epoch) << 32;",
+         "const uint64_t tag = 1ull << 32;  // BUG: should carry args->epoch"),
+        ("line_ready(v[u][s], a.epoch)", "line_ready(v[u][s], 1u)"))),
+    Fault("p2p/bulk_async_peer_copy", "no_barrier_before_bulk_store",
+          "a race: the shifted chunk is bulk-stored before the other threads have written it", (
+        ("        __syncthreads();           // every thread has read stage[s] and written sendbuf[o]",
+         "        // BUG: no __syncthreads(), so thread 0 stores sendbuf[o] while it is still being written"),)),
+    Fault("fusion/allgather_gemm_tiles", "wrong_source_slot",
+          "multiplies the rows of the next rank's slot instead of the source's: wrong rows in every peer block", (
+        ("xs = reinterpret_cast<const uint16_t*>(a.scratch[a.rank] + s * a.slot_bytes);",
+         "xs = reinterpret_cast<const uint16_t*>(a.scratch[a.rank] + ((s + 1) % a.world) * a.slot_bytes);  // BUG"),)),
+    Fault("fusion/gemm_reduce_scatter", "partials_in_16_bits",
+          "partials are rounded to the data type before the cross-rank sum: off by more than the tolerance", (
+        ("=\n              *reinterpret_cast<const float4*>(cs + r * CS_LD + cc);",
+         "=\n              round_to_16_bits<T>(*reinterpret_cast<const float4*>(cs + r * CS_LD + cc));  // BUG: float32"),
+        ("struct RsArgs {",
+         "template <typename T>\n__device__ __forceinline__ float4 round_to_16_bits(float4 v) {\n"
+         "  const auto q = [](float f) { return static_cast<float>(T(f)); };  // rounded to T and back\n"
+         "  return make_float4(q(v.x), q(v.y), q(v.z), q(v.w));\n}\n\nstruct RsArgs {"))),
+    Fault("ep/router_topk_layout", "ticket_never_reset",
+          "the last-block ticket counter is not reset: from the second call on no block publishes the counts", (
+        ("  if (tid == 0) atomicExch(a.ticket, 0u);  // every block has taken its ticket: ready for the next call",
+         "  // BUG: the ticket counter is left at gridDim.x, so the next call never finds its last block"),)),
+    Fault("ep/fp8_dispatch", "scale_by_reciprocal",
+          "the scale is amax times a rounded 1 / 448, not the correctly rounded division the contract defines", (
+        ("        const float scale = amax / 448.0f;",
+         "        const float scale = amax * (1.0f / 448.0f);  // BUG: not amax / 448 in float32"),)),
 )}
