@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commbench_env.cards import CaseSpec, PerformanceSpec, load_task
+from commbench_env.cards import CaseSpec, load_task
 from commbench_env.golden import get_op
 
 OP = get_op("all_reduce_fp8_blockwise")

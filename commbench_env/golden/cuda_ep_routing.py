@@ -309,7 +309,6 @@ class MoeDispatchFp8(MoeDispatchTokens):
 
     def verify(self, case, world, inputs, outputs, tol):
         t, d = (int(s) for s in case.shape)
-        nb = fp8_blocks(d)
         exp = self.expected(case, world, inputs)
         received = self._received(case, world, inputs)
         for r, (e, got) in enumerate(zip(exp, outputs)):
