@@ -246,3 +246,14 @@ def test_ctrl_c_stops_eval_within_seconds_and_the_rerun_counts_each_episode_once
     assert sorted(r["key"] for r in done) == sorted(f"{t}#0" for t in tasks.split(","))
     counted = load_run_traces(out)
     assert sorted(t.task_id for t in counted) == sorted(tasks.split(","))  # each (task, sample) once
+
+
+def test_a_run_folder_without_an_eval_ledger_has_no_unscored_episodes(tmp_path):
+    """`commbench run` writes one summary per episode (no key, no status): nothing there is "unscored"."""
+    import json
+
+    from commbench_env.run.evaluation import unscored_episodes
+
+    (tmp_path / "results.jsonl").write_text(json.dumps({"task": "p2p/ring_shift", "verdict": "pass", "reward": 1.0})
+                                            + "\n")
+    assert unscored_episodes(tmp_path) == {}

@@ -150,6 +150,8 @@ def unscored_episodes(run_dir: Path) -> dict[str, int]:
     """Episodes of a run that never finished, by why (`infra_error`, `interrupted`): counted apart, never scored."""
     last: dict[str, str] = {}
     for rec in ledger(run_dir):
+        if "key" not in rec or "status" not in rec:  # `commbench run` writes summaries, not an eval ledger
+            continue
         if rec.get("status") == "done" or last.get(rec.get("key")) != "done":
             last[rec.get("key")] = rec.get("status", "?")
     out: dict[str, int] = {}
