@@ -249,7 +249,11 @@ def eval_cmd(agent: str = typer.Option(..., help="agent card name or path"),
 
 @app.command("report")
 def report_cmd(runs: list[Path] = typer.Argument(..., help="one or more run folders (side by side)"),
-               out: Optional[Path] = typer.Option(None, help="where report.md and the plots go (default: first run)")) -> None:
+               out: Optional[Path] = typer.Option(None, help="where report.md and the plots go (default: first run)"),
+               as_json: bool = typer.Option(False, "--json", help="also write the leaderboard file, leaderboard.json "
+                                            "beside report.md: metrics, per-task results, versions"),
+               json_file: Optional[Path] = typer.Option(None, "--json-file", help="write the leaderboard file here "
+                                                        "instead ('-': print it alone on stdout); implies --json")) -> None:
     """Leaderboard metrics of runs, recomputed from their traces, with plots and a Markdown summary."""
     from .run.report import build_report
 
@@ -258,6 +262,14 @@ def report_cmd(runs: list[Path] = typer.Argument(..., help="one or more run fold
             _fail(CommBenchError(f"{r} is not a run folder (no traces/ inside)"))
     target = out or runs[0] / "report"
     all_metrics, md, pngs = build_report(runs, target)
+    if as_json or json_file is not None:
+        from .run.leaderboard import write_leaderboard
+
+        board = json_file or target / "leaderboard.json"
+        text = write_leaderboard(runs, all_metrics, board)
+        if str(board) == "-":
+            print(text, end="")
+            return
     ks = sorted({k for m in all_metrics for k in m.pass_at})
     table = Table(title="runs")
     for col in ("run", "agent", "episodes", "mean reward", "pass rate", "PASS+Good", "GM speedup", "Pass x GM",
@@ -269,7 +281,8 @@ def report_cmd(runs: list[Path] = typer.Argument(..., help="one or more run fold
                       *[f"{m.pass_at[k]:.3f}" if k in m.pass_at else "-" for k in ks],
                       _fmt(m.turns_to_first_pass, ".2f"), f"{m.tokens_per_episode:.0f}", f"{m.cost_per_episode:.4f}")
     console.print(table)
-    console.print(f"written {md} and {', '.join(str(p) for p in pngs)}")
+    console.print(f"written {md} and {', '.join(str(p) for p in pngs)}"
+                  + (f"; leaderboard file {json_file or target / 'leaderboard.json'}" if as_json or json_file else ""))
 
 
 @app.command("rows")
@@ -298,6 +311,37 @@ def rows_cmd(out: Path = typer.Option(..., help="file to write: .parquet (verl's
         _fail(exc)
     console.print(f"{len(rows)} rows ({len({r.get('task') or r['extra_info']['task'] for r in rows})} tasks) "
                   f"for {trainer} written to {out}")
+
+
+@app.command("serve")
+def serve_cmd(host: str = typer.Option("127.0.0.1", help="address to listen on (no authentication: keep it local)"),
+              port: int = typer.Option(8000, help="port; 0 picks a free one"),
+              sandbox: str = typer.Option("local-cpu", help="sandbox profile every session judges in"),
+              max_sessions: int = typer.Option(4, help="concurrent sessions (each with its own episode)"),
+              max_sandboxes: Optional[int] = typer.Option(None, help="pooled sandboxes (default: --max-sessions)"),
+              hold: str = typer.Option("episode", help="episode | turn: how long a session keeps its sandbox"),
+              task: str = typer.Option("collective/allreduce_ring", help="task of a reset that names none"),
+              tasks: Optional[str] = typer.Option(None, help="selector: resets that name no task draw one"),
+              max_turns: int = typer.Option(8, help="turn budget per episode"),
+              world: Optional[int] = typer.Option(None, help="world size (default: the task's)"),
+              trace_dir: Optional[Path] = typer.Option(None, help="traces (default ~/.cache/commbench/traces)"),
+              session_timeout: Optional[float] = typer.Option(None, help="close sessions idle this long (s)")) -> None:
+    """Serve CommBench as an OpenEnv environment: sessions over WebSocket (/ws), reset/step/state, typed
+    actions and observations, rewards computed here."""
+    try:
+        from .integrations.openenv_server import ServerSettings, serve
+
+        settings = ServerSettings(sandbox=sandbox, max_sessions=max_sessions, max_sandboxes=max_sandboxes,
+                                  hold=hold, task=task, tasks=tasks, max_turns=max_turns, world_size=world,
+                                  trace_dir=str(trace_dir) if trace_dir else None, session_timeout_s=session_timeout)
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            err.print(f"[yellow]warning:[/] listening on {host}: anyone who reaches this port can run code in your "
+                      "sandboxes (the server has no authentication)")
+        serve(settings, host, port, on_ready=lambda url: console.print(
+            f"CommBench OpenEnv server on {url} (sandbox {sandbox}, {max_sessions} sessions); Ctrl-C stops it",
+            soft_wrap=True))
+    except (CommBenchError, ValueError) as exc:  # ValueError: a setting out of range (pydantic says which)
+        _fail(exc)
 
 
 @app.command("validate")
@@ -500,6 +544,34 @@ def agents_cmd() -> None:
         c = load_agent_card(name)
         table.add_row(c.name, c.kind, str(c.max_turns or "-"), c.description)
     console.print(table)
+
+
+export_app = typer.Typer(no_args_is_help=True, help="Write tasks in other frameworks' formats.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("harbor")
+def export_harbor_cmd(out: Path = typer.Argument(..., help="folder to write one Harbor task folder per task into"),
+                      tasks: str = typer.Option("all", help="task selector"),
+                      sandbox: Optional[str] = typer.Option(None, help="profile the check tool and the grader use "
+                                                            "(default: local-cpu, local-gpu for GPU-only tasks)"),
+                      world: Optional[int] = typer.Option(None, help="world size where a task allows it"),
+                      package: Optional[str] = typer.Option(None, help="pip requirement both images install "
+                                                            "commbench-env from, or a wheel file to copy in "
+                                                            "(default: commbench-env==<this version>)"),
+                      base_image: Optional[str] = typer.Option(None, "--base-image", help="FROM of both images"),
+                      oracle: bool = typer.Option(False, help="also write solution/solve.sh with the reference, for "
+                                                  "Harbor's oracle agent")) -> None:
+    """Harbor task folders: public statement and starter for the agent, the judge in a separate grading step."""
+    from .integrations.harbor import export_harbor
+
+    try:
+        written = export_harbor(out, tasks, sandbox=sandbox, world=world, package=package, base_image=base_image,
+                                oracle=oracle)
+    except CommBenchError as exc:
+        _fail(exc)
+    console.print(f"{len(written)} Harbor task(s) in {out}; run one with: harbor run -p {written[0]} -a <agent> "
+                  "-m <model>", highlight=False)
 
 
 def _sigterm_as_interrupt(signum: int, frame: object) -> None:

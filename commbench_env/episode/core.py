@@ -36,6 +36,7 @@ from ..score.reward import (RewardBreakdown, RewardConfig, RewardSchedule, TurnC
 from ..sandbox import Sandbox, SandboxProfile, load_profile, open_sandbox
 from ..sandbox.gpus import GpuLease, lock_ids
 from ..trace.records import EpisodeEnd, EpisodeStart, TraceAction, TraceStep, TurnMeta, new_trace_path
+from ..trace.versions import episode_versions
 from .hooks import EpisodeHook, TraceRecorder
 
 if TYPE_CHECKING:
@@ -388,7 +389,8 @@ class Episode:
             task_view=self._task_view(),
             sandbox=self.profile.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"),
             agent=self.agent_info, sandbox_slot=self._slot_info(),
-            config={**self.config.model_dump(mode="json"), "world_size": self.world_size}, seed=seed)
+            config={**self.config.model_dump(mode="json"), "world_size": self.world_size}, seed=seed,
+            versions=episode_versions(self.profile, hardware, self._slot.sandbox if self._slot else self._sandbox))
         self._recorders = [TraceRecorder(), *self._hooks]  # a fresh trace writer per episode
         for hook in self._recorders:
             hook.on_start(self, start)

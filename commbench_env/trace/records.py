@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..judge.host.result import JudgeResult
 from ..score.reward import RewardBreakdown
+from .versions import Versions
 
 TRACE_SCHEMA = "commbench-trace/1"
 
@@ -45,6 +46,9 @@ class EpisodeStart(_Record):
     sandbox_slot: dict[str, Any] | None = None
     config: dict[str, Any] = Field(default_factory=dict, description="the episode config, world size included")
     seed: int | None = None
+    versions: Versions = Field(default_factory=Versions, description="judge, timing and link-model versions, image "
+                               "digest and hardware fingerprint: what makes two results comparable (empty in traces "
+                               "written before they were recorded)")
 
     @property
     def agent_name(self) -> str:
