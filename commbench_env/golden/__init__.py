@@ -23,10 +23,17 @@ def register(cls: type[GoldenOp]) -> type[GoldenOp]:
     return cls
 
 
+_loaded = False
+
+
 def _load() -> None:
-    if not _REGISTRY:
+    """Import every op module once. Not keyed on an empty registry: a module imported directly (a test importing
+    its helpers) registers its own ops first, and the others must still load."""
+    global _loaded
+    if not _loaded:
         for m in _MODULES:
             importlib.import_module(f"{__name__}.{m}")
+        _loaded = True
 
 
 def get_op(name: str) -> GoldenOp:
