@@ -69,8 +69,14 @@ def figure(res, metric: str) -> tuple[str, str, float | None]:
     if s.roofline_pct is None or roof is None:
         return text, "-", None
     of = s.roofline_gbps or roof.per_rank_gbps
-    less = (f"; {roof.per_rank_gbps:.0f} GB/s per rank, less the own block that busbw leaves out"
-            if of < roof.per_rank_gbps else "")
+    bound = res.roofline_bound
+    own = roof.per_rank_gbps * bound  # what is left once the card's bound is applied
+    parts = []
+    if bound < 1:
+        parts.append(f"the task's bound: {bound:g} of {roof.per_rank_gbps:.0f} GB/s per rank")
+    if of < own * 0.999:
+        parts.append("less the own block that busbw leaves out")
+    less = "; " + ", ".join(parts) if parts else ""
     return text, f"{s.roofline_pct:.0f}% of {of:.0f} GB/s ({roof.name}{less})", s.roofline_pct
 
 
