@@ -43,3 +43,16 @@ def test_a_benchmark_turn_shows_the_reference_target(tmp_path):
     sizes = [s.size_bytes for s in out.result.benchmark]
     rows = [ln for ln in out.feedback.split("target:")[1].splitlines()[2:] if ln.strip()]
     assert [int(ln.split()[0]) for ln in rows] == sizes and all(ln.split()[3].endswith("x") for ln in rows)
+
+
+def test_a_tflops_task_says_its_roofline_column_is_not_the_score():
+    from commbench_env.judge.host.result import Roofline
+
+    s = _size(1 << 20, 40.0).model_copy(update={"tflops": 120.0, "roofline_pct": 3.0})
+    r = JudgeResult(task_id="t", task_hash="h", mode="benchmark", world_size=2, device_mode="cuda-shared",
+                    verdict="pass", metric="tflops", benchmark=[s],
+                    roofline=Roofline(name="device copy", gbps=2000.0, per_rank_gbps=1000.0, emulated=True))
+    text = r.feedback()
+    assert "TFLOP/s is scored here" in text and "120.0000" in text
+    busbw = r.model_copy(update={"metric": "busbw"}).feedback()
+    assert "TFLOP/s is scored here" not in busbw

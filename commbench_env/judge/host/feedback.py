@@ -142,6 +142,9 @@ def render_feedback(r: "JudgeResult", max_chars: int = 6000) -> str:
             if r.roofline_bound < 1:
                 lines.append(f"  this task's bound is {r.roofline_bound:g} of it ({r.roofline_reason}); the "
                              "roofline column is against that bound")
+            if r.metric == "tflops":
+                lines.append("  (TFLOP/s is scored here: the roofline column only says how much of the link the data "
+                             "your calls move takes, as busbw)")
             less = [s.roofline_gbps for s in r.benchmark if s.roofline_gbps and s.roofline_gbps < r.roofline.per_rank_gbps]
             if less:
                 lines.append(f"  busbw can reach only {less[-1]:.0f} GB/s per rank of it: each rank also copies its own "
