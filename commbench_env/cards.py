@@ -214,6 +214,17 @@ class CudaSpec(StrictModel):
         description="which buffers of other ranks the candidate gets pointers to; args->peer_<name>[p] is NULL for "
                     "p != rank otherwise, so that (for instance) a rank's input reaches its peers only through what "
                     "the rank itself sends")
+    peer_groups: str | None = Field(default=None, description="a case parameter g (also listed in `params`): ranks "
+                                    "form groups of g consecutive ranks, and args->peer_*[p] is non-NULL only for "
+                                    "p in this rank's group or p its counterpart in another group (p % g == rank "
+                                    "% g), so a two-level schedule is the only one the pointers allow")
+
+    @model_validator(mode="after")
+    def _groups_are_passed(self) -> "CudaSpec":
+        if self.peer_groups is not None and self.peer_groups not in self.params:
+            raise ValueError(f"[cuda] peer_groups {self.peer_groups!r} must also be in [cuda] params, so the "
+                             "candidate learns the group size")
+        return self
 
     @field_validator("allow_symbols")
     @classmethod
@@ -375,6 +386,12 @@ class Task:
                 names = " and ".join(f"`args->peer_{b}[p]`" for b in hidden)
                 lines.append(f"- {names} {'is' if len(hidden) == 1 else 'are'} NULL for every p != rank: those "
                              f"buffers of other ranks are private to them.")
+            if c.cuda and c.cuda.peer_groups:
+                g = c.cuda.peer_groups
+                i = c.cuda.params.index(g)
+                lines.append(f"- Ranks form groups of g = `args->params[{i}]` ({g}) consecutive ranks; every "
+                             f"`args->peer_*[p]` is NULL unless p is in this rank's group (p / g == rank / g) or is "
+                             f"its counterpart in another group (p % g == rank % g).")
         else:
             from .judge.rules import ALLOWED_IMPORTS
 

@@ -113,6 +113,16 @@ class SyncProbe:
         return waited
 
 
+def peer_links(rank: int, world: int, group: int) -> list[bool]:
+    """Which ranks' buffers `rank` may reach: all of them, or with groups of `group` consecutive ranks (a card's
+    [cuda] peer_groups) only its own group and its counterparts (same index) in the other groups."""
+    if group <= 0:
+        return [True] * world
+    if world % group:
+        raise ValueError(f"peer_groups: a group size of {group} does not divide world {world}")
+    return [p // group == rank // group or p % group == rank % group for p in range(world)]
+
+
 class DeviceHost:
     def __init__(self, world: int, channel: Channel, spec: dict[str, Any], library: str):
         import torch
@@ -311,6 +321,7 @@ class DeviceHost:
     def args_for(self, case, bufs: list[dict]) -> list[CbArgs]:
         c = self.cuda
         out = []
+        group = int(case.params.get(c["peer_groups"], 0)) if c.get("peer_groups") else 0
         for r, b in enumerate(bufs):
             a = CbArgs()
             x = b["inputs"][c["input"]]
@@ -322,11 +333,14 @@ class DeviceHost:
             a.scratch, a.scratch_bytes = b["scratch"].data_ptr(), b["scratch"].numel()
             a.flags, a.flag_words = b["flags"].data_ptr(), b["flags"].numel()
             shared = set(c.get("peer_buffers", ("in", "out", "scratch", "flags")))
+            linked = peer_links(r, self.world, group)
             for p, pb in enumerate(bufs):  # a private buffer of another rank stays NULL (ctypes: None)
-                a.peer_in[p] = pb["inputs"][c["input"]].data_ptr() if p == r or "in" in shared else None
-                a.peer_out[p] = pb["outs"][c["output"]].data_ptr() if p == r or "out" in shared else None
-                a.peer_scratch[p] = pb["scratch"].data_ptr() if p == r or "scratch" in shared else None
-                a.peer_flags[p] = pb["flags"].data_ptr() if p == r or "flags" in shared else None
+                def reach(name: str) -> bool:
+                    return p == r or (name in shared and linked[p])
+                a.peer_in[p] = pb["inputs"][c["input"]].data_ptr() if reach("in") else None
+                a.peer_out[p] = pb["outs"][c["output"]].data_ptr() if reach("out") else None
+                a.peer_scratch[p] = pb["scratch"].data_ptr() if reach("scratch") else None
+                a.peer_flags[p] = pb["flags"].data_ptr() if reach("flags") else None
             for i, key in enumerate(c["params"][:MAX_PARAMS]):
                 a.params[i] = int(case.params.get(key, 0))
             for i, name in enumerate(c["aux_inputs"][:MAX_AUX]):
