@@ -88,4 +88,14 @@ FAULTS = {f.name: f for f in (
           "the scale is amax times a rounded 1 / 448, not the correctly rounded division the contract defines", (
         ("        const float scale = amax / 448.0f;",
          "        const float scale = amax * (1.0f / 448.0f);  // BUG: not amax / 448 in float32"),)),
+    Fault("ep/deterministic_slots", "atomic_slot_claim",
+          "claims each entry's row with an atomic counter per expert: the right rows in a scheduling-dependent order", (
+        ("        int s = base[e] + __popc(wmask[warp][e] & below);\n"
+         "        for (int w = 0; w < warp; ++w) s += __popc(wmask[w][e]);\n",
+         "        const int s = atomicAdd(&base[e], 1);  // BUG: a valid row, but not the token's stable rank\n"
+         "        (void)below;\n"),)),
+    Fault("ep/notify_counts", "epoch_not_checked",
+          "accepts any non-zero word: from the second call on a rank may read the previous call's counts", (
+        ("    while (static_cast<uint32_t>(w >> 32) != a.epoch) w = ld_word(mine + q);",
+         "    while ((w >> 32) == 0) w = ld_word(mine + q);  // BUG: a word of the previous call also passes"),)),
 )}
