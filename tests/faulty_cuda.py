@@ -98,4 +98,16 @@ FAULTS = {f.name: f for f in (
           "accepts any non-zero word: from the second call on a rank may read the previous call's counts", (
         ("    while (static_cast<uint32_t>(w >> 32) != a.epoch) w = ld_word(mine + q);",
          "    while ((w >> 32) == 0) w = ld_word(mine + q);  // BUG: a word of the previous call also passes"),)),
+    Fault("collective/alltoall_ll", "assumes_aligned_blocks",
+          "moves 8-byte words whatever the block size: odd-sized blocks are accessed misaligned and past their end", (
+        ("  if (block % 8 == 0) ll_alltoall_kernel<8><<<g, kThreads, 0, stream>>>(k);",
+         "  if (block > 0) ll_alltoall_kernel<8><<<g, kThreads, 0, stream>>>(k);  // BUG: needs block % 8 == 0"),)),
+    Fault("collective/alltoallv_ipc", "no_count_wait",
+          "reads the count table without waiting for the count flags: offsets from zeros or from the previous call", (
+        ("    while (static_cast<int32_t>(ld_acquire_sys(f) - a.epoch) < 0) {\n    }",
+         "    (void)f;  // BUG: no wait, so the peers' counts may not have arrived"),)),
+    Fault("collective/reduce_to_root", "ragged_end_dropped",
+          "the last slice stops at the last whole 16-byte pack: the tail of an odd-sized tensor stays NaN", (
+        ("const int64_t rest = idx == reducers - 1 ? n - all * N : 0;",
+         "const int64_t rest = 0;  // BUG: the last slice must take the ragged end"),)),
 )}
