@@ -110,4 +110,14 @@ FAULTS = {f.name: f for f in (
           "the last slice stops at the last whole 16-byte pack: the tail of an odd-sized tensor stays NaN", (
         ("const int64_t rest = idx == reducers - 1 ? n - all * N : 0;",
          "const int64_t rest = 0;  // BUG: the last slice must take the ragged end"),)),
+    Fault("ep/low_latency_combine_cuda", "masked_weights_counted",
+          "adds weight x 0 for masked entries instead of skipping them: their NaN weights poison the token's row", (
+        ("          ok[jj] = false;\n          wt[jj] = 0.f;",
+         "          ok[jj] = j < k;  // BUG: masked entries are not skipped\n"
+         "          wt[jj] = j < k ? __ldg(a.weights + i * k + j) : 0.f;\n          v[jj].w = Wd{};"),
+        ("              ok[jj] = true;\n", ""))),
+    Fault("ep/expert_migration_cuda", "old_slot_from_new_slot",
+          "copies the old owner's slot j instead of the expert's old slot: wrong experts wherever slots change", (
+        ("const int p = src / a.k, slot = src - p * a.k;",
+         "const int p = src / a.k, slot = j;  // BUG: should be src - p * a.k"),)),
 )}
