@@ -120,4 +120,12 @@ FAULTS = {f.name: f for f in (
           "copies the old owner's slot j instead of the expert's old slot: wrong experts wherever slots change", (
         ("const int p = src / a.k, slot = src - p * a.k;",
          "const int p = src / a.k, slot = j;  // BUG: should be src - p * a.k"),)),
+    Fault("p2p/halo_exchange_2d_cuda", "corners_from_edge_neighbours",
+          "fills the four h x h corners from the tile above or below instead of the diagonal neighbour", (
+        ("  nb = di * 3 + dj;\n",
+         "  nb = (di == 1 || dj == 1) ? di * 3 + dj : di * 3 + 1;  // BUG: corners need the diagonal tile\n"),)),
+    Fault("p2p/peer_gather_indexed", "padding_fetches_row_zero",
+          "an id of -1 fetches global row 0 instead of writing a zero row", (
+        ("    const int64_t id = __ldg(a.ids + m);",
+         "    const int64_t id = __ldg(a.ids + m) < 0 ? 0 : __ldg(a.ids + m);  // BUG: -1 must give zeros"),)),
 )}
