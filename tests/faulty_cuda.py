@@ -128,4 +128,12 @@ FAULTS = {f.name: f for f in (
           "an id of -1 fetches global row 0 instead of writing a zero row", (
         ("    const int64_t id = __ldg(a.ids + m);",
          "    const int64_t id = __ldg(a.ids + m) < 0 ? 0 : __ldg(a.ids + m);  // BUG: -1 must give zeros"),)),
+    Fault("utility/grid_barrier_epoch", "barrier_does_not_wait",
+          "the grid barrier counts the arrivals but never waits: blocks read maxima and w values not yet written", (
+        ("    while (((ld_acquire_gpu(bar) ^ old) & 0x80000000u) == 0) {\n    }",
+         "    (void)old;  // BUG: no wait for the last block's arrival"),)),
+    Fault("utility/cross_rank_scan", "lower_totals_not_awaited",
+          "adds the lower ranks' totals without waiting for their flags: offsets from zeros or the previous call", (
+        ("      while (!reached(ld_acquire_sys(P.total_flags[lane]), P.epoch)) {\n      }",
+         "      (void)reached;  // BUG: no wait for the lower rank's total"),)),
 )}
