@@ -68,7 +68,17 @@ def test_the_ring_loses_to_log_step_rounds_below_the_largest_size(evaluate):
     """The ring moves the optimal bytes too, in 2 (W - 1) rounds instead of 2 ceil(log2 W): at 256 KiB its extra
     messages cost about a third of the time, at 8 MiB a few percent."""
     task = "collective/allreduce_rabenseifner"
-    ring = _benchmark(evaluate, task, SUBMISSIONS / "collective/allreduce_rabenseifner/naive.py")
+    ring = _benchmark(evaluate, task, load_task("collective/allreduce_ring").reference_source())
     speedup, per_size = _per_size(ring, _benchmark(evaluate, task, None))
     assert per_size[min(per_size)] < 0.75
     assert speedup < 0.87
+
+
+def test_folding_the_excess_ranks_loses_to_block_sums_at_small_sizes(evaluate):
+    """The textbook fix for recursive doubling at W = 6 (fold 2 ranks in, double among 4, fold them out) takes
+    floor(log2 W) + 2 dependent rounds where the block sums take ceil(log2 W) or fewer."""
+    task = "collective/allreduce_recursive_doubling"
+    fold = _benchmark(evaluate, task, SUBMISSIONS / "collective/allreduce_recursive_doubling/fold.py")
+    speedup, per_size = _per_size(fold, _benchmark(evaluate, task, None))
+    assert per_size[min(per_size)] < 0.8
+    assert speedup < 0.8
