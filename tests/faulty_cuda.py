@@ -136,4 +136,12 @@ FAULTS = {f.name: f for f in (
           "adds the lower ranks' totals without waiting for their flags: offsets from zeros or the previous call", (
         ("      while (!reached(ld_acquire_sys(P.total_flags[lane]), P.epoch)) {\n      }",
          "      (void)reached;  // BUG: no wait for the lower rank's total"),)),
+    Fault("fusion/dispatch_grouped_gemm", "no_chunk_wait",
+          "multiplies a tile without waiting for the chunk flags of its tokens: rows from peers not yet arrived", (
+        ("    for (int64_t c = ca + tid; c <= cb; c += THREADS) wait_flag(chunk_flags + c, a.epoch);",
+         "    (void)ca, (void)cb, (void)chunk_flags;  // BUG: no wait for the tokens' chunks"),)),
+    Fault("p2p/copy_engine_or_sm", "split_gap",
+          "the SM part of a split copy starts 4 KiB after the copy engine's part ends: a gap stays NaN (large sizes)", (
+        ("const int rc = launch_push(dst + ce, src + ce, nbytes - ce, sms, stream);",
+         "const int rc = launch_push(dst + ce + 4096, src + ce + 4096, nbytes - ce - 4096, sms, stream);  // BUG"),)),
 )}
