@@ -144,4 +144,18 @@ FAULTS = {f.name: f for f in (
           "the SM part of a split copy starts 4 KiB after the copy engine's part ends: a gap stays NaN (large sizes)", (
         ("const int rc = launch_push(dst + ce, src + ce, nbytes - ce, sms, stream);",
          "const int rc = launch_push(dst + ce + 4096, src + ce + 4096, nbytes - ce - 4096, sms, stream);  // BUG"),)),
+    Fault("fusion/ring_attention_kernel", "no_slot_free_wait",
+          "forwards a K/V block without waiting for the next rank to release the slot: at world 4 and 8 a block is "
+          "overwritten while that rank still attends to the one two steps earlier", (
+        ("      wait_all(a.flags + cdone_word(a, t - 1), a.G, a.epoch);\n"
+         "      wait_all(a.flags + fdone_word(a, t - 1, c), 1, a.epoch);\n",
+         "      // BUG: no wait for the receiver to release its slot\n"),)),
+    Fault("fusion/ring_attention_kernel", "unmasked_tail_keys",
+          "does not mask the zero-filled keys past n in the last tile: each gets score 0 and weight exp(-m)", (
+        ("const float x = col < valid ? s[j][i] * a.scale_log2 : -INFINITY;",
+         "const float x = s[j][i] * a.scale_log2;  // BUG: keys at or beyond n must be -inf\n        (void)col;"),)),
+    Fault("fusion/allreduce_bias_gelu", "bias_gelu_tail_dropped",
+          "never computes the count % vector-width elements past the last full vector: they stay NaN", (
+        ("  if (a.last) {  // fewer than V elements past the last full vector",
+         "  if (false && a.last) {  // BUG: the ragged end must be computed"),)),
 )}
