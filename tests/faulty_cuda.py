@@ -158,4 +158,12 @@ FAULTS = {f.name: f for f in (
           "never computes the count % vector-width elements past the last full vector: they stay NaN", (
         ("  if (a.last) {  // fewer than V elements past the last full vector",
          "  if (false && a.last) {  // BUG: the ragged end must be computed"),)),
+    Fault("utility/verified_transfer", "checksum_weight_off_by_one",
+          "weights word j by j instead of j + 1 in the full chunks: every s1 of a full chunk is wrong", (
+        ("        s1 += (j + 1u) * v[u].x + (j + 2u) * v[u].y + (j + 3u) * v[u].z + (j + 4u) * v[u].w;",
+         "        s1 += j * v[u].x + (j + 1u) * v[u].y + (j + 2u) * v[u].z + (j + 3u) * v[u].w;  // BUG: j + 1"),)),
+    Fault("utility/distributed_topk", "no_peer_list_wait",
+          "merges without waiting for the peers' flags: their lists are read before (or while) they are published", (
+        ("    while (static_cast<int32_t>(ld_acquire_sys(f) - a.epoch) < 0) {\n    }",
+         "    (void)f;  // BUG: no wait for the peer's list"),)),
 )}
