@@ -166,4 +166,17 @@ FAULTS = {f.name: f for f in (
           "merges without waiting for the peers' flags: their lists are read before (or while) they are published", (
         ("    while (static_cast<int32_t>(ld_acquire_sys(f) - a.epoch) < 0) {\n    }",
          "    (void)f;  // BUG: no wait for the peer's list"),)),
+    Fault("fusion/matmul_allreduce_decode", "reduce_own_slot_first",
+          "each rank adds the partial slots starting with its own: every y is within tolerance, but the ranks' bits "
+          "differ", (
+        ("        const float4 v = __ldcg(reinterpret_cast<const float4*>(src + j * stride));",
+         "        const float4 v = __ldcg(reinterpret_cast<const float4*>(src + ((j + a.rank * a.S) % nf) * stride));"
+         "  // BUG: the order must be the same on every rank"),)),
+    Fault("fusion/matmul_allreduce_decode", "no_partial_wait",
+          "reduces a tile without waiting for its flags: peers' partials of this call may not have arrived yet", (
+        ("    for (int i = threadIdx.x; i < nf; i += kThreads) wait_flag(a.flags[a.rank] + tile * nf + i, a.epoch);",
+         "    // BUG: no wait for the tile's partials"),)),
+    Fault("fusion/vocab_embedding_allreduce", "padding_rows_left",
+          "never writes the rows of padding ids (-1): they stay NaN", (
+        ("    } else if (id < 0) {", "    } else if (false && id < 0) {  // BUG: padding rows must be zeroed"),)),
 )}

@@ -10,7 +10,7 @@ _MODULES = ("p2p", "collectives", "moe", "fusion", "utility", "p2p_patterns", "c
             "utility_patterns", "ep_patterns", "fusion_patterns", "ep_sparse", "fusion_vocab", "fusion_attention",
             "utility_data", "cuda_copy", "cuda_ep_fusion", "cuda_collectives", "cuda_sync", "cuda_quant", "cuda_p2p",
             "cuda_ep_routing", "cuda_gemm_fusion", "cuda_ep_counts", "cuda_collectives2", "cuda_ep_ll", "cuda_p2p2",
-            "cuda_sync2", "cuda_moe_gemm", "cuda_attention", "cuda_utility3")
+            "cuda_sync2", "cuda_moe_gemm", "cuda_attention", "cuda_utility3", "cuda_fusion2")
 _REGISTRY: dict[str, GoldenOp] = {}
 
 
