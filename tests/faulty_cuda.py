@@ -179,4 +179,9 @@ FAULTS = {f.name: f for f in (
     Fault("fusion/vocab_embedding_allreduce", "padding_rows_left",
           "never writes the rows of padding ids (-1): they stay NaN", (
         ("    } else if (id < 0) {", "    } else if (false && id < 0) {  // BUG: padding rows must be zeroed"),)),
+    Fault("collective/allreduce_two_level_kernel", "no_counterpart_total_wait",
+          "never waits for the counterparts' \"total written\" flags: the inter-group all-gather reads totals that "
+          "are not written yet (NaN) and overwrites partial sums the counterparts have not read", (
+        ("    if (t - 2 >= 0 && t - 2 < a.rounds) wait_flag(f + word(t - 2, kF2), a.epoch);",
+         "    // BUG: no wait for the counterpart's F2(t - 2)"),)),
 )}
