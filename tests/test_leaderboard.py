@@ -84,3 +84,16 @@ def test_old_traces_without_versions_still_load():
     old = {"type": "episode_start", "schema": "commbench-trace/1", "task_id": "p2p/ring_shift"}
     start = EpisodeStart.model_validate(old)
     assert start.versions.judge_version == "" and start.versions.timing_version is None
+
+
+def test_a_task_on_its_own_fabric_records_that_link_model():
+    """A card that names its link model (the host cluster) is timed on it, so its rows say so."""
+    from commbench_env.cards import load_task
+    from commbench_env.sandbox import load_profile
+    from commbench_env.trace.versions import comm_model_id
+
+    profile = load_profile("local-cpu")
+    cluster = load_task("collective/allreduce_rabenseifner")
+    assert comm_model_id(profile, cluster.link_model(profile.link_model)).startswith("host-posted-cluster:")
+    ring = load_task("collective/allreduce_ring")
+    assert comm_model_id(profile, ring.link_model(profile.link_model)) == comm_model_id(profile)

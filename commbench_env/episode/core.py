@@ -390,7 +390,8 @@ class Episode:
             sandbox=self.profile.model_dump(mode="json"), hardware=hardware.model_dump(mode="json"),
             agent=self.agent_info, sandbox_slot=self._slot_info(),
             config={**self.config.model_dump(mode="json"), "world_size": self.world_size}, seed=seed,
-            versions=episode_versions(self.profile, hardware, self._slot.sandbox if self._slot else self._sandbox))
+            versions=episode_versions(self.profile, hardware, self._slot.sandbox if self._slot else self._sandbox,
+                                      link_model=self.task.link_model(self.profile.link_model)))
         self._recorders = [TraceRecorder(), *self._hooks]  # a fresh trace writer per episode
         for hook in self._recorders:
             hook.on_start(self, start)

@@ -19,6 +19,7 @@ from ..judge.host.result import SCHEMA_VERSION
 from ..score.reference import TIMING_VERSION
 
 if TYPE_CHECKING:
+    from ..judge.link_model import LinkModel
     from ..sandbox import Sandbox, SandboxProfile
     from ..sandbox.base import HardwareInfo
 
@@ -44,12 +45,12 @@ def judge_source_digest() -> str:
     return _package_digest()[:16]
 
 
-def comm_model_id(profile: "SandboxProfile") -> str:
-    """`name:hash` of the profile's link model on CPUs (the modelled time depends on every figure of it); on GPUs
-    times are measured, so "measured"."""
+def comm_model_id(profile: "SandboxProfile", link_model: "LinkModel | None" = None) -> str:
+    """`name:hash` of the link model CPU times are modelled on (the task's own where its card names one, else the
+    profile's; the modelled time depends on every figure of it); on GPUs times are measured, so "measured"."""
     if profile.device_mode != "cpu":
         return "measured"
-    lm = profile.link_model.model_dump(mode="json")
+    lm = (link_model or profile.link_model).model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(lm, sort_keys=True).encode()).hexdigest()[:8]
     return f"{lm.get('name', '?')}:{digest}"
 
@@ -68,9 +69,10 @@ def image_digest(profile: "SandboxProfile", sandbox: "Sandbox | None" = None) ->
     return profile.docker.image or image_tag(profile)
 
 
-def episode_versions(profile: "SandboxProfile", hardware: "HardwareInfo",
-                     sandbox: "Sandbox | None" = None) -> Versions:
-    """The versions of an episode about to start on `profile` and `hardware`."""
+def episode_versions(profile: "SandboxProfile", hardware: "HardwareInfo", sandbox: "Sandbox | None" = None,
+                     link_model: "LinkModel | None" = None) -> Versions:
+    """The versions of an episode about to start on `profile` and `hardware` (`link_model`: the task's, where its
+    card names one)."""
     return Versions(judge_version=__version__, judge_source=judge_source_digest(), result_schema=SCHEMA_VERSION,
-                    timing_version=TIMING_VERSION, comm_model=comm_model_id(profile),
+                    timing_version=TIMING_VERSION, comm_model=comm_model_id(profile, link_model),
                     image_digest=image_digest(profile, sandbox), hardware_fingerprint=hardware.fingerprint)
