@@ -86,6 +86,17 @@ def generator(seed: int) -> torch.Generator:
 RAND_CHUNK = 1 << 20  # elements: larger tensors are made in chunks of this size, each from its own generator
 
 
+def private_length(case: "CaseSpec", rank: int, world: int, g: torch.Generator) -> int:
+    """A rank's private vector length: shape[0]; 0 on params.empty_rank; with params.uneven one draw of `g`, uniform
+    in [0, shape[0]] (no rank can know another's)."""
+    n = int(case.shape[0])
+    if "empty_rank" in case.params and rank == int(case.params["empty_rank"]) % world:
+        return 0
+    if case.params.get("uneven"):
+        return int(torch.randint(0, n + 1, (1,), generator=g))
+    return n
+
+
 def int_range(case: "CaseSpec") -> dict[str, int]:
     """The case's integer range as rand()'s low/high (empty: rand's default)."""
     return {"low": case.int_range[0], "high": case.int_range[1]} if case.int_range else {}

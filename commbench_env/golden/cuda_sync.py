@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .base import GoldenOp, generator, int_param, num_param
+from .base import GoldenOp, generator, int_param, num_param, private_length
 
 RECORD_WORDS = 4  # a record is 4 int32 words (16 bytes)
 BENCH_RECORD = (0x1234567, 0x2345678, 0x3456789, 0x456789A)  # every record of a benchmark call (see PeerSlotAppend)
@@ -70,20 +70,12 @@ class PeerSlotAppend(GoldenOp):
         num_param(case, "drop", 0.0, 0.0, 1.0)
         num_param(case, "hot", 0.0, 0.0, 1.0)
 
-    def length(self, case, rank: int, world: int, g: torch.Generator) -> int:
-        n = int(case.shape[0])
-        if "empty_rank" in case.params and rank == int(case.params["empty_rank"]) % world:
-            return 0
-        if case.params.get("uneven"):
-            return int(torch.randint(0, n + 1, (1,), generator=g))
-        return n
-
     def capacity(self, case, world: int, inputs: list[dict]) -> int:
         return sum(int(i["dest"].numel()) for i in inputs)
 
     def make_inputs(self, case, rank, world, seed):
         g = generator(seed)
-        n = self.length(case, rank, world, g)
+        n = private_length(case, rank, world, g)
         p = case.params
         if p.get("bench"):
             x = torch.tensor(BENCH_RECORD, dtype=torch.int32).repeat(n, 1)

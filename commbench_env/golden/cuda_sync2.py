@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .base import GoldenOp, generator, int_param, num_param, rand, to_dtype
+from .base import GoldenOp, generator, int_param, num_param, private_length, rand, to_dtype
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -140,17 +140,9 @@ class RankMajorExclusiveScan(GoldenOp):
         if worst >= 2 ** bits:
             raise ValueError(f"{case.dtype} sums could overflow: 8 ranks x {case.shape[0]} values in [{lo}, {hi})")
 
-    def length(self, case, rank: int, world: int, g: torch.Generator) -> int:
-        n = int(case.shape[0])
-        if "empty_rank" in case.params and rank == int(case.params["empty_rank"]) % world:
-            return 0
-        if case.params.get("uneven"):
-            return int(torch.randint(0, n + 1, (1,), generator=g))
-        return n
-
     def make_inputs(self, case, rank, world, seed):
         g = generator(seed)
-        n = self.length(case, rank, world, g)
+        n = private_length(case, rank, world, g)
         lo, hi = case.int_range or self.DEFAULT_RANGE
         return {"x": rand((n,), case.dtype, g, low=lo, high=hi)}
 

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, narrow, rand, to_dtype, wide
+from .base import (CandidateError, GoldenOp, expect_tensor, generator, int_param, narrow, private_length, rand,
+                   to_dtype, wide)
 
 from .collectives import AllGatherCat
 
@@ -399,17 +400,9 @@ class PeerHistogram(GoldenOp):
         if "empty_rank" in case.params:
             _int_param(case, "empty_rank")
 
-    def length(self, case, rank: int, world: int, g: torch.Generator) -> int:
-        n = int(case.shape[0])
-        if "empty_rank" in case.params and rank == int(case.params["empty_rank"]) % world:
-            return 0
-        if case.params.get("uneven"):
-            return int(torch.randint(0, n + 1, (1,), generator=g))
-        return n
-
     def make_inputs(self, case, rank, world, seed):
         g = generator(seed)
-        n = self.length(case, rank, world, g)
+        n = private_length(case, rank, world, g)
         total = world * int(case.params["bins"])
         ids = torch.randint(0, total, (n,), generator=g, dtype=torch.int64)
         hot = float(case.params.get("hot", 0.0))
