@@ -14,8 +14,9 @@ import torch
 
 from . import register
 from .base import GoldenOp, generator, int_param, narrow, num_param, rand, to_dtype, wide
+from .compare import compare_tensor
 from .ep_patterns import _elem, _rank_tokens, _results, _validate_route
-from .moe import _shared_seed, _topk_route
+from .moe import _int_param as _moe_int_param, _shared_seed, _topk_route
 
 _opt_int = functools.partial(int_param, optional=True)
 
@@ -277,14 +278,7 @@ class EpMoeLayerBackward(GoldenOp):
         return int(case.shape[0]) * int(case.shape[1]) * _elem(case.dtype)
 
 
-# --- dedup dispatch (H2) ---
-
-import torch
-
-from . import base as _base_h2, ep_patterns as _ep_h2, moe as _moe_h2
-from . import register
-from .base import GoldenOp
-from .compare import compare_tensor
+# ---- dedup dispatch: a token sent once per destination rank -------------------------------------------------------
 
 
 @register
@@ -311,28 +305,28 @@ class EpDedupDispatch(GoldenOp):
     def validate_case(self, case):
         if len(case.shape) != 2 or case.shape[0] < 1 or case.shape[1] < 1:
             raise ValueError(f"shape must be [tokens, hidden] with both >= 1, got {case.shape}")
-        if not _base_h2.to_dtype(case.dtype).is_floating_point:
+        if not to_dtype(case.dtype).is_floating_point:
             raise ValueError(f"dtype must be a floating type, got {case.dtype}")
-        _ep_h2._validate_route(case, self.extra)
-        _moe_h2._int_param(case, "empty_rank", low=0)
-        _moe_h2._int_param(case, "min_tokens", low=0)
+        _validate_route(case, self.extra)
+        _moe_int_param(case, "empty_rank", low=0)
+        _moe_int_param(case, "min_tokens", low=0)
 
     def supports_world(self, world, case):
         return world >= 2 or case.params.get("idle_rank") is None
 
     def make_inputs(self, case, rank, world, seed):
-        gen = _base_h2.generator(seed)
-        t = _ep_h2._rank_tokens(case, rank, world, gen, int(case.shape[0]))
-        x = _base_h2.rand([t, int(case.shape[1])], case.dtype, gen)
-        return {"x": x, "topk_idx": _moe_h2._topk_route(case, world, t, gen)}
+        gen = generator(seed)
+        t = _rank_tokens(case, rank, world, gen, int(case.shape[0]))
+        x = rand([t, int(case.shape[1])], case.dtype, gen)
+        return {"x": x, "topk_idx": _topk_route(case, world, t, gen)}
 
     def call(self, fns, inputs, case, rank, world):
         res = fns["dedup_dispatch"](inputs["x"], inputs["topk_idx"], int(case.params["experts_per_rank"]))
-        return _ep_h2._results(res, self.outputs, "dedup_dispatch")
+        return _results(res, self.outputs, "dedup_dispatch")
 
     def expected(self, case, world, inputs):
         epr, d = int(case.params["experts_per_rank"]), int(case.shape[1])
-        dt = _base_h2.to_dtype(case.dtype)
+        dt = to_dtype(case.dtype)
         out = []
         for r in range(world):
             xs, srcs, counts = [], [], []
@@ -350,7 +344,7 @@ class EpDedupDispatch(GoldenOp):
         return out
 
     def verify(self, case, world, inputs, outputs, tol):
-        dt = _base_h2.to_dtype(case.dtype)
+        dt = to_dtype(case.dtype)
         want = {"expert_x": dt, "expert_src": torch.int64, "expert_counts": torch.int64}
         for r, (exp, got) in enumerate(zip(self.expected(case, world, inputs), outputs)):
             for name in ("expert_counts", "expert_src", "expert_x"):
@@ -381,8 +375,8 @@ class EpDedupDispatch(GoldenOp):
         d = int(params.pop("hidden", 256))
         params.setdefault("experts_per_rank", 4)
         params.setdefault("topk", 8)
-        t = max(1, size_bytes // (d * _ep_h2._elem(perf.dtype)))
+        t = max(1, size_bytes // (d * _elem(perf.dtype)))
         return CaseSpec(name=f"bench-{size_bytes}", visible=False, shape=[t, d], dtype=perf.dtype, params=params)
 
     def metric_bytes(self, case, world):
-        return int(case.shape[0]) * int(case.shape[1]) * _ep_h2._elem(case.dtype)
+        return int(case.shape[0]) * int(case.shape[1]) * _elem(case.dtype)
