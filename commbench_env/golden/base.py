@@ -86,6 +86,12 @@ def generator(seed: int) -> torch.Generator:
 RAND_CHUNK = 1 << 20  # elements: larger tensors are made in chunks of this size, each from its own generator
 
 
+def elem_size(dtype: "str | torch.dtype") -> int:
+    """Bytes per element of a dtype, by name or as a torch dtype."""
+    dt = to_dtype(dtype) if isinstance(dtype, str) else dtype
+    return dt.itemsize
+
+
 def private_length(case: "CaseSpec", rank: int, world: int, g: torch.Generator) -> int:
     """A rank's private vector length: shape[0]; 0 on params.empty_rank; with params.uneven one draw of `g`, uniform
     in [0, shape[0]] (no rank can know another's)."""

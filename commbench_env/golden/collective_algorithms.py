@@ -14,8 +14,7 @@ from .compare import compare_tensor, first_mismatch
 _int_param = int_param
 
 
-def _elem(dtype: str) -> int:
-    return torch.empty((), dtype=to_dtype(dtype)).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _float_param(case, key: str, default: float, low: float, high: float) -> float:

@@ -10,8 +10,7 @@ from . import register
 from .base import GoldenOp, expect_tensor, generator, int_range, narrow, rand, to_dtype, wide
 
 
-def _elem(dtype: str) -> int:
-    return torch.empty((), dtype=to_dtype(dtype)).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _numel(shape) -> int:

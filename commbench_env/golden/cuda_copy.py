@@ -21,8 +21,7 @@ _COPY_DTYPES = ("uint8", "int32", "int64")
 _COPY_HIGH = {"uint8": 255, "int32": (1 << 31) - 1, "int64": 1 << 62}
 
 
-def _elem(dtype: str) -> int:
-    return torch.empty((), dtype=to_dtype(dtype)).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 @register

@@ -22,9 +22,7 @@ LL_MAX_TOKENS = 1024
 LL_MAX_EPR = 128
 
 
-def _elem(dtype: str | torch.dtype) -> int:
-    dt = to_dtype(dtype) if isinstance(dtype, str) else dtype
-    return torch.empty((), dtype=dt).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 @register

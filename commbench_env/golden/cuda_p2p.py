@@ -15,13 +15,12 @@ import math
 import torch
 
 from . import register
-from .base import GoldenOp, expect_tensor, generator, int_param, rand, to_dtype
+from .base import GoldenOp, expect_tensor, generator, int_param, rand
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
-def _elem(dtype: str) -> int:
-    return torch.empty((), dtype=to_dtype(dtype)).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 @register

@@ -25,8 +25,7 @@ TOPK_MAX_N = 32768  # values per rank
 TOPK_MAX_K = 1024
 
 
-def _elem(dtype: str) -> int:
-    return torch.empty((), dtype=to_dtype(dtype)).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _as_int32(v: torch.Tensor) -> torch.Tensor:

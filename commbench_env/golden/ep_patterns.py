@@ -19,9 +19,7 @@ from .moe import (MoeDispatchCombine, _int_param, _num_param, _owners, _rank_hit
                   _validate_topk_routing)
 
 
-def _elem(dtype: str | torch.dtype) -> int:
-    dt = to_dtype(dtype) if isinstance(dtype, str) else dtype
-    return torch.empty((), dtype=dt).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _validate_route(case, extra: tuple[str, ...]) -> None:

@@ -10,8 +10,7 @@ from . import register
 from .base import GoldenOp, expect_tensor, generator, narrow, rand, to_dtype, wide
 
 
-def _elem(dtype: str) -> int:
-    return torch.empty((), dtype=to_dtype(dtype)).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _dots(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,7 @@ _bool_param = bool_param
 
 
 # ---- parameter helpers -------------------------------------------------------------------------------------------
-def _elem(dtype: str) -> int:
-    return torch.empty((), dtype=to_dtype(dtype)).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _known_params(case, known: set[str]) -> None:

@@ -24,8 +24,7 @@ def _shared_seed(*parts: int) -> int:
     return s
 
 
-def _elem(dtype: str) -> int:
-    return torch.empty((), dtype=to_dtype(dtype)).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _popularity(case, world: int) -> torch.Tensor:

@@ -23,9 +23,7 @@ _num_param = num_param
 _bool_param = bool_param
 
 
-def _elem(dtype: str | torch.dtype) -> int:
-    dt = to_dtype(dtype) if isinstance(dtype, str) else dtype
-    return torch.empty((), dtype=dt).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _shared_seed(*parts: int) -> int:

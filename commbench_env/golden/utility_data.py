@@ -13,14 +13,13 @@ import math
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, rand, to_dtype
+from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, rand
 from .compare import first_mismatch
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-def _elem(dtype: str) -> int:
-    return torch.empty((), dtype=to_dtype(dtype)).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _shared_seed(*parts: int) -> int:

@@ -28,8 +28,7 @@ _num_param = num_param
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-def _elem(dtype: str) -> int:
-    return torch.empty((), dtype=to_dtype(dtype)).element_size()
+from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _pair(value, what: str, low: int) -> tuple[int, int]:
