@@ -156,10 +156,11 @@ class PerformanceSpec(StrictModel):
     gpu_warmup: int = Field(default=5, ge=0, description="warm-up calls per size in the cuda modes (nccl-tests -w)")
     gpu_iters: int = Field(default=20, ge=1, description="timed calls per size in the cuda modes (nccl-tests -n): "
                                                          "the median of 5 calls moved rewards by 0.04 between runs")
-    roofline_bound: float = Field(default=1.0, gt=0, le=1, description="the share of the measured roofline (copy "
-                                  "or link bandwidth) the task's metric can reach at best, where its protocol must "
-                                  "move more bytes than the metric counts (an LL line: 8 bytes stored per 4 of "
-                                  "data); roofline_pct is against roofline x bound")
+    roofline_bound: float | dict[int, float] = Field(
+        default=1.0, description="the share of the measured roofline (copy or link bandwidth) the task's metric can "
+        "reach at best, where its protocol must move more bytes than the metric counts (an LL line: 8 bytes stored "
+        "per 4 of data); roofline_pct is against roofline x bound. A table keyed by world size where the share "
+        "depends on it (a two-shot all-reduce on one GPU: 2/3 at 2 ranks, 1 from 4): it must name every world size")
     roofline_reason: str = Field(default="", description="why roofline_bound is below 1, shown with the figures")
     link_model: str | None = Field(default=None, description="a preset of judge/link_model.py's LINK_MODELS that CPU "
                                    "evaluations of this task model instead of the sandbox profile's, where the "
@@ -168,11 +169,20 @@ class PerformanceSpec(StrictModel):
 
     @model_validator(mode="after")
     def _bound_has_reason(self) -> "PerformanceSpec":
-        if self.roofline_bound < 1 and not self.roofline_reason.strip():
+        bounds = self.roofline_bound.values() if isinstance(self.roofline_bound, dict) else [self.roofline_bound]
+        if any(not 0 < b <= 1 for b in bounds):
+            raise ValueError(f"roofline_bound must lie in (0, 1]; got {self.roofline_bound}")
+        if min(bounds, default=1) < 1 and not self.roofline_reason.strip():
             raise ValueError("roofline_bound below 1 needs a roofline_reason saying why")
         if self.link_model is not None and self.link_model not in LINK_MODELS:
             raise ValueError(f"link_model {self.link_model!r} is not a preset; choose one of {sorted(LINK_MODELS)}")
         return self
+
+    def bound_at(self, world: int) -> float:
+        """The roofline share this task can reach at `world` ranks (the card's table, or its one number)."""
+        if isinstance(self.roofline_bound, dict):
+            return self.roofline_bound[world]
+        return self.roofline_bound
 
     @field_validator("sizes", "gpu_sizes")
     @classmethod
@@ -278,6 +288,10 @@ class TaskCard(StrictModel):
                 raise ValueError("world.device_modes: a cuda task cannot run in device mode 'cpu'")
         elif self.cuda is not None:
             raise ValueError("a [cuda] section is only for language = 'cuda'")
+        bound = self.performance.roofline_bound
+        if isinstance(bound, dict) and set(self.world.sizes) - set(bound):
+            raise ValueError(f"performance.roofline_bound names worlds {sorted(bound)} but not "
+                             f"{sorted(set(self.world.sizes) - set(bound))}: give a bound for every world size")
         return self
 
     @model_validator(mode="after")

@@ -146,6 +146,44 @@ def test_a_roofline_bound_below_one_needs_its_reason_and_is_shown_with_the_figur
     assert "this task's bound is 0.5 of it (an LL line stores 8 bytes per 4 of data)" in res.feedback()
 
 
+def test_a_roofline_bound_can_depend_on_the_world_size_and_must_name_every_world():
+    from commbench_env.cards import PerformanceSpec, load_task
+
+    perf = PerformanceSpec(sizes=[1024], roofline_bound={2: 0.667, 4: 0.4}, roofline_reason="x and recv are moved")
+    assert perf.bound_at(2) == 0.667 and perf.bound_at(4) == 0.4
+    with pytest.raises(ValueError, match=r"must lie in \(0, 1\]"):
+        PerformanceSpec(sizes=[1024], roofline_bound={2: 1.5}, roofline_reason="r")
+    with pytest.raises(ValueError, match="needs a roofline_reason"):
+        PerformanceSpec(sizes=[1024], roofline_bound={2: 1.0, 4: 0.5})
+    card = load_task("ep/dispatch_cuda").card
+    assert [card.performance.bound_at(w) for w in card.world.sizes] == [0.667, 0.4, 0.222]
+    data = card.model_dump()
+    data["performance"]["roofline_bound"] = {2: 0.667, 4: 0.4}  # world 8 missing
+    with pytest.raises(ValueError, match=r"names worlds \[2, 4\] but not \[8\]: give a bound for every world"):
+        type(card).model_validate(data)
+
+
+def test_an_evaluation_reports_the_bound_of_its_own_world_size(evaluate, tmp_path):
+    """A card's per-world bound reaches the result of each world's evaluation and the figures it explains."""
+    import shutil
+
+    from commbench_env.cards import load_task_dir
+    from commbench_env.paths import tasks_dir
+    from commbench_env.judge.host.result import Verdict
+
+    root = tmp_path / "collective" / "allreduce_ring"
+    shutil.copytree(tasks_dir() / "collective" / "allreduce_ring", root)
+    card = root / "task.toml"
+    table = "{ " + ", ".join(f"{w} = {1 / w:g}" for w in range(2, 9)) + " }"
+    card.write_text(card.read_text().replace("[performance]\n", f"[performance]\nroofline_bound = {table}\n"
+                                             'roofline_reason = "a test bound of 1 / world"\n'))
+    task = load_task_dir(root)
+    for world in (2, 4):
+        res = evaluate(task, mode="benchmark", world=world)
+        assert res.verdict == Verdict.passed, res.feedback()
+        assert res.roofline_bound == 1 / world
+
+
 def test_a_link_model_a_card_names_must_be_a_preset():
     from commbench_env.cards import PerformanceSpec
 

@@ -56,7 +56,7 @@ class Evaluation:
                                   world_size=self.world, device_mode=req.device_mode, verdict=Verdict.passed,
                                   judge_version=__version__, source_hash=req.source_hash,
                                   metric=self.card.performance.metric,
-                                  roofline_bound=self.card.performance.roofline_bound,
+                                  roofline_bound=self.card.performance.bound_at(self.world),
                                   roofline_reason=self.card.performance.roofline_reason)
         # the processes that will run candidate code, in the shape the task's language needs (none started yet)
         self.group: RankGroup = self._rank_group()
@@ -258,7 +258,7 @@ class Evaluation:
         if roof_gbps and roof.emulated and self.card.performance.metric == "busbw":
             roof_gbps *= bus_share_of_copy(self.op.nccl_op, self.world)
         if roof_gbps:
-            roof_gbps *= self.card.performance.roofline_bound
+            roof_gbps *= self.result.roofline_bound
         pct = 100 * shown / roof_gbps if roof_gbps and shown > 0 else None
         if mismatch is None and self.card.performance.metric in ("busbw", "algbw"):
             why = implausible_timing(pct, size, roof.name if roof else "")

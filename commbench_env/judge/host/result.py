@@ -239,7 +239,7 @@ class JudgeResult(StrictModel):
     metric: Literal["busbw", "algbw", "latency", "tflops"] = Field(
         default="busbw", description="what the card's speed is judged on (its performance.metric)")
     roofline_bound: float = Field(default=1.0, description="the card's share of the roofline the metric can reach "
-                                  "at best (roofline_pct is against roofline x bound)")
+                                  "at best at this world size (roofline_pct is against roofline x bound)")
     roofline_reason: str = ""
     compile: CompileReport | None = None
     cases: list[CaseResult] = Field(default_factory=list)
