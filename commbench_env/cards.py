@@ -179,9 +179,10 @@ class PerformanceSpec(StrictModel):
         return self
 
     def bound_at(self, world: int) -> float:
-        """The roofline share this task can reach at `world` ranks (the card's table, or its one number)."""
+        """The roofline share this task can reach at `world` ranks (the card's table, or its one number). Tests
+        and studies may judge a world the card does not list: that takes the nearest named world's bound."""
         if isinstance(self.roofline_bound, dict):
-            return self.roofline_bound[world]
+            return self.roofline_bound[min(self.roofline_bound, key=lambda w: (abs(w - world), w))]
         return self.roofline_bound
 
     @field_validator("sizes", "gpu_sizes")

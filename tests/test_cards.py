@@ -151,6 +151,7 @@ def test_a_roofline_bound_can_depend_on_the_world_size_and_must_name_every_world
 
     perf = PerformanceSpec(sizes=[1024], roofline_bound={2: 0.667, 4: 0.4}, roofline_reason="x and recv are moved")
     assert perf.bound_at(2) == 0.667 and perf.bound_at(4) == 0.4
+    assert perf.bound_at(3) == 0.667 and perf.bound_at(16) == 0.4  # a world the table does not name: the nearest
     with pytest.raises(ValueError, match=r"must lie in \(0, 1\]"):
         PerformanceSpec(sizes=[1024], roofline_bound={2: 1.5}, roofline_reason="r")
     with pytest.raises(ValueError, match="needs a roofline_reason"):
