@@ -8,13 +8,11 @@ import math
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, int_range, narrow, rand, to_dtype, wide
+from .base import (CandidateError, GoldenOp, elem_size as _elem, expect_tensor, generator, int_param, int_range, narrow,
+                   rand, to_dtype, wide)
 from .compare import compare_tensor, first_mismatch
 
 _int_param = int_param
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _float_param(case, key: str, default: float, low: float, high: float) -> float:

@@ -14,14 +14,12 @@ import math
 import torch
 
 from . import register
-from .base import GoldenOp, expect_tensor, generator, int_param, narrow, num_param, rand, to_dtype, wide
+from .base import (GoldenOp, elem_size as _elem, expect_tensor, generator, int_param, narrow, num_param, rand, to_dtype,
+                   wide)
 
 _COPY_DTYPES = ("uint8", "int32", "int64")
 # values never equal the fill (-1 / 0xFF): an element left unwritten inside the window always shows
 _COPY_HIGH = {"uint8": 255, "int32": (1 << 31) - 1, "int64": 1 << 62}
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 @register

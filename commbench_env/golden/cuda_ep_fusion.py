@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .base import GoldenOp, generator, int_param, narrow, rand, to_dtype, wide
+from .base import GoldenOp, elem_size as _elem, generator, int_param, narrow, rand, to_dtype, wide
 from .ep_patterns import EpLowLatencyDispatch
 from .moe import _cuda_only
 
@@ -24,9 +24,6 @@ QK_MAX_TOKENS = 16384
 #: the low-latency dispatch prompt's limits: max_tokens, experts per rank
 LL_MAX_TOKENS = 1024
 LL_MAX_EPR = 128
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 # ---- RMSNorm of q and k over heads sharded across ranks -----------------------------------------------------------

@@ -13,16 +13,13 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .base import GoldenOp, generator, narrow, rand, to_dtype, wide
+from .base import GoldenOp, elem_size as _elem, generator, narrow, rand, to_dtype, wide
 from .ep_patterns import _rank_tokens, _validate_route
 from .moe import _cuda_only, _int_param, _shared_seed, _topk_route
 
 #: the prompt's limits: max_tokens, experts per rank (E = world * epr at most 1024 at world 8), top-k
 LL_MAX_TOKENS = 1024
 LL_MAX_EPR = 128
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 @register

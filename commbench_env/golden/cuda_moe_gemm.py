@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .base import GoldenOp, generator, int_param, narrow, rand, to_dtype, wide
+from .base import GoldenOp, elem_size as _elem, generator, int_param, narrow, rand, to_dtype, wide
 from .moe import _cuda_only, _shared_seed, _topk_route, _validate_topk_routing
 
 #: tensor-core input dtypes
@@ -22,9 +22,6 @@ DIM_MULTIPLE = 64
 MAX_EPR = 32
 MAX_K = 32
 _ROUTING_TAG = 0x6E44_6D6D  # keeps this op's shared routing apart from other ops' streams
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 @register

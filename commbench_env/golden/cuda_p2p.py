@@ -15,12 +15,9 @@ import math
 import torch
 
 from . import register
-from .base import GoldenOp, expect_tensor, generator, int_param, rand
+from .base import GoldenOp, elem_size as _elem, expect_tensor, generator, int_param, rand
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 @register

@@ -15,12 +15,9 @@ import math
 import torch
 
 from . import register
-from .base import GoldenOp, bool_param, expect_tensor, generator, int_param, num_param, rand
+from .base import GoldenOp, bool_param, elem_size as _elem, expect_tensor, generator, int_param, num_param, rand
 
 COPY_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "uint8")
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _check_params(case, allowed: tuple[str, ...]) -> None:

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from . import register
-from .base import GoldenOp, generator, int_param, int_range, rand, to_dtype
+from .base import GoldenOp, elem_size as _elem, generator, int_param, int_range, rand, to_dtype
 
 CHUNK_BYTES = 4096  # bytes per checksummed chunk
 CHUNK_WORDS = CHUNK_BYTES // 4
@@ -23,9 +23,6 @@ COPY_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "u
 TOPK_DTYPES = ("float32", "bfloat16", "float16")
 TOPK_MAX_N = 32768  # values per rank
 TOPK_MAX_K = 1024
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _as_int32(v: torch.Tensor) -> torch.Tensor:

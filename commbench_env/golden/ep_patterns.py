@@ -13,13 +13,10 @@ import math
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, narrow, rand, to_dtype, wide
+from .base import CandidateError, GoldenOp, elem_size as _elem, expect_tensor, generator, narrow, rand, to_dtype, wide
 from .compare import compare_tensor
 from .moe import (MoeDispatchCombine, _int_param, _num_param, _owners, _rank_hits, _shared_seed, _topk_route,
                   _validate_topk_routing)
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _validate_route(case, extra: tuple[str, ...]) -> None:

@@ -7,10 +7,7 @@ import functools
 import torch
 
 from . import register
-from .base import GoldenOp, expect_tensor, generator, narrow, rand, to_dtype, wide
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
+from .base import GoldenOp, elem_size as _elem, expect_tensor, generator, narrow, rand, to_dtype, wide
 
 
 def _dots(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ import math
 import torch
 
 from . import register
-from .base import (CandidateError, GoldenOp, bool_param, expect_tensor, generator, int_param, narrow, num_param, rand,
-                   to_dtype, wide)
+from .base import (CandidateError, GoldenOp, bool_param, elem_size as _elem, expect_tensor, generator, int_param,
+                   narrow, num_param, rand, to_dtype, wide)
 
 _int_param = functools.partial(int_param, optional=True)
 _num_param = num_param
@@ -23,7 +23,6 @@ _bool_param = bool_param
 
 
 # ---- parameter helpers -------------------------------------------------------------------------------------------
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _known_params(case, known: set[str]) -> None:

@@ -10,7 +10,8 @@ import operator
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, narrow, num_param, rand, to_dtype, wide
+from .base import (CandidateError, GoldenOp, elem_size as _elem, expect_tensor, generator, int_param, narrow, num_param,
+                   rand, to_dtype, wide)
 
 _int_param = functools.partial(int_param, optional=True)
 _num_param = num_param
@@ -22,9 +23,6 @@ def _shared_seed(*parts: int) -> int:
     for p in parts:
         s = (s * 0x100000001B3 ^ (int(p) & 0xFFFF_FFFF_FFFF)) & 0x7FFF_FFFF_FFFF_FFFF
     return s
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _popularity(case, world: int) -> torch.Tensor:

@@ -14,16 +14,13 @@ import operator
 import torch
 
 from . import register
-from .base import (CandidateError, GoldenOp, bool_param, expect_tensor, generator, int_param, narrow, num_param, rand,
-                   to_dtype, wide)
+from .base import (CandidateError, GoldenOp, bool_param, elem_size as _elem, expect_tensor, generator, int_param,
+                   narrow, num_param, rand, to_dtype, wide)
 from .compare import compare_tensor, first_mismatch
 
 _int_param = functools.partial(int_param, optional=True)
 _num_param = num_param
 _bool_param = bool_param
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _shared_seed(*parts: int) -> int:

@@ -13,13 +13,10 @@ import math
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, rand
+from .base import CandidateError, GoldenOp, elem_size as _elem, expect_tensor, generator, int_param, rand
 from .compare import first_mismatch
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _shared_seed(*parts: int) -> int:

@@ -19,16 +19,14 @@ import math
 import torch
 
 from . import register
-from .base import CandidateError, GoldenOp, expect_tensor, generator, int_param, narrow, num_param, to_dtype, wide
+from .base import (CandidateError, GoldenOp, elem_size as _elem, expect_tensor, generator, int_param, narrow, num_param,
+                   to_dtype, wide)
 from .compare import first_mismatch
 
 _int_param = functools.partial(int_param, optional=True)
 _num_param = num_param
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-from .base import elem_size as _elem  # noqa: E402 (one definition for every op module)
 
 
 def _pair(value, what: str, low: int) -> tuple[int, int]:
