@@ -19,7 +19,7 @@ from pathlib import Path
 from commbench_env.cards import load_task
 from commbench_env.judge.host.client import JudgeClient
 from commbench_env.score.reward import compute_reward
-from commbench_env.sandbox import load_profile, open_sandbox
+from commbench_env.sandbox import GPU_PROFILE_FOR_MODE, load_profile, open_sandbox
 
 ROOT = Path(__file__).resolve().parents[1] / "tests" / "attacks"
 # The torch attacks define all_reduce(x); on a GPU they run as the entry point of a torch task that declares
@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--out", help="also write the table as Markdown here")
     a = ap.parse_args()
-    profile = load_profile("local-gpu-shared" if a.mode == "cuda-shared" else "local-gpu")
+    profile = load_profile(GPU_PROFILE_FOR_MODE[a.mode])
     rows, bad = [], []
     with open_sandbox(profile) as sb:
         client = JudgeClient(sb)

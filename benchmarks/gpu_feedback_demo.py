@@ -20,13 +20,12 @@ import torch
 from commbench_env.cards import load_task
 from commbench_env.judge.host.client import JudgeClient
 from commbench_env.judge.host.result import JudgeResult, Verdict
-from commbench_env.sandbox import open_sandbox
+from commbench_env.sandbox import GPU_PROFILE_FOR_MODE, open_sandbox
 
 # the broken kernels live beside the tests that build them
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.faulty_cuda import FAULTS
 
-PROFILES = {"cuda": "local-gpu", "cuda-shared": "local-gpu-shared"}
 
 
 def _expect_wrong(res: JudgeResult) -> bool:
@@ -66,14 +65,14 @@ CASES = [
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", default="cuda-shared", choices=sorted(PROFILES))
+    ap.add_argument("--mode", default="cuda-shared", choices=sorted(GPU_PROFILE_FOR_MODE))
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--out", default="benchmarks/results")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: run this on a GPU machine")
     rows, details = [], []
-    with open_sandbox(PROFILES[a.mode]) as sb:
+    with open_sandbox(GPU_PROFILE_FOR_MODE[a.mode]) as sb:
         client = JudgeClient(sb)
         for what, task_id, sub, mode, timeout, check in CASES:
             task = load_task(task_id)

@@ -30,9 +30,8 @@ from rich.table import Table
 from commbench_env.cards import DeviceMode, select_tasks
 from commbench_env.errors import CommBenchError
 from commbench_env.judge.host.client import JudgeClient
-from commbench_env.sandbox import load_profile, open_sandbox
+from commbench_env.sandbox import GPU_PROFILE_FOR_MODE, load_profile, open_sandbox
 
-PROFILES = {"cuda": "local-gpu", "cuda-shared": "local-gpu-shared"}
 # references that only move bytes: in cuda-shared at >= 64 MiB they must reach COPY_TARGET of the device copy
 COPY_TASKS = ("p2p/ipc_pull_copy", "p2p/ipc_push_copy", "p2p/tma_bulk_push", "collective/allgather_fullmesh")
 COPY_TARGET_PCT = 70.0
@@ -142,7 +141,7 @@ def main() -> None:
                           "listed as waiting[/]")
             rows += [(t.id, t.card.language.value, mode, "-", WAITING, "-", "-", "-", "-") for t in waiting]
             continue
-        profile = load_profile(PROFILES[mode])
+        profile = load_profile(GPU_PROFILE_FOR_MODE[mode])
         if a.trace:
             profile = profile.with_env({"COMMBENCH_TIMING_TRACE": a.trace})
         with open_sandbox(profile) as sb:

@@ -20,9 +20,8 @@ from pathlib import Path
 from commbench_env.cards import load_task
 from commbench_env.errors import CommBenchError
 from commbench_env.judge.host.client import JudgeClient
-from commbench_env.sandbox import load_profile, open_sandbox
+from commbench_env.sandbox import GPU_PROFILE_FOR_MODE, load_profile, open_sandbox
 
-PROFILES = {"cuda": "local-gpu", "cuda-shared": "local-gpu-shared"}
 
 
 def sizes_text(res, metric: str) -> str:
@@ -38,7 +37,7 @@ def sizes_text(res, metric: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("variants", nargs="+", help="TASK=FILE[,FILE...]")
-    ap.add_argument("--mode", default="cuda-shared", choices=sorted(PROFILES))
+    ap.add_argument("--mode", default="cuda-shared", choices=sorted(GPU_PROFILE_FOR_MODE))
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds per evaluation")
     ap.add_argument("--out", help="also write the lines to DIR/reference_variants-<date>.md")
@@ -49,7 +48,7 @@ def main() -> None:
         task = load_task(task_id)
         plan.append((task, [None] + [Path(f) for f in files.split(",") if f]))
     lines = [f"# Reference variants, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, mode {a.mode}", ""]
-    with open_sandbox(load_profile(PROFILES[a.mode])) as sb:
+    with open_sandbox(load_profile(GPU_PROFILE_FOR_MODE[a.mode])) as sb:
         client = JudgeClient(sb)
         for task, files in plan:
             for path in files:

@@ -3,6 +3,6 @@ the pool that lends them out."""
 
 from .base import ExecResult, HardwareInfo, Sandbox
 from .factory import open_sandbox
-from .profiles import SandboxProfile, list_profiles, load_profile
+from .profiles import GPU_PROFILE_FOR_MODE, SandboxProfile, list_profiles, load_profile
 
-__all__ = ["ExecResult", "HardwareInfo", "Sandbox", "SandboxProfile", "list_profiles", "load_profile", "open_sandbox"]
+__all__ = ["GPU_PROFILE_FOR_MODE", "ExecResult", "HardwareInfo", "Sandbox", "SandboxProfile", "list_profiles", "load_profile", "open_sandbox"]

@@ -77,5 +77,9 @@ def list_profiles(base: Path | None = None) -> list[str]:
     return list_cards(base or sandboxes_dir())
 
 
+# the embedded local profile that runs each GPU device mode (benchmark scripts pick theirs by mode)
+GPU_PROFILE_FOR_MODE = {"cuda": "local-gpu", "cuda-shared": "local-gpu-shared"}
+
+
 def load_profile(name_or_path: str | Path) -> SandboxProfile:
     return load_named_card(SandboxProfile, sandboxes_dir(), name_or_path, "sandbox profile")
