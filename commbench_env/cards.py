@@ -170,6 +170,8 @@ class PerformanceSpec(StrictModel):
     @model_validator(mode="after")
     def _bound_has_reason(self) -> "PerformanceSpec":
         bounds = self.roofline_bound.values() if isinstance(self.roofline_bound, dict) else [self.roofline_bound]
+        if not bounds:
+            raise ValueError("roofline_bound is an empty table: give one share, or one per world size")
         if any(not 0 < b <= 1 for b in bounds):
             raise ValueError(f"roofline_bound must lie in (0, 1]; got {self.roofline_bound}")
         if min(bounds, default=1) < 1 and not self.roofline_reason.strip():

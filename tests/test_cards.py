@@ -156,6 +156,8 @@ def test_a_roofline_bound_can_depend_on_the_world_size_and_must_name_every_world
         PerformanceSpec(sizes=[1024], roofline_bound={2: 1.5}, roofline_reason="r")
     with pytest.raises(ValueError, match="needs a roofline_reason"):
         PerformanceSpec(sizes=[1024], roofline_bound={2: 1.0, 4: 0.5})
+    with pytest.raises(ValueError, match="empty table"):
+        PerformanceSpec(sizes=[1024], roofline_bound={})
     card = load_task("ep/dispatch_cuda").card
     assert [card.performance.bound_at(w) for w in card.world.sizes] == [0.667, 0.4, 0.222]
     data = card.model_dump()
